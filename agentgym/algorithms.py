@@ -1,0 +1,665 @@
+"""RL math for multi-turn agent training, as pure torch functions (in the style of verl's
+``trainer/ppo/core_algos.py``).
+
+Layout used everywhere in this module
+-------------------------------------
+* Token tensors are ``(B, T)`` and cover the WHOLE multi-turn conversation of each episode:
+  the prompt, the policy's replies and the environment's observations, interleaved, then
+  right padding.
+* ``loss_mask`` ``(B, T)`` (bool, int or float 0/1) is 1 at tokens SAMPLED BY THE POLICY and
+  0 everywhere else (prompt, environment observations, padding). "Policy tokens" below means
+  positions where ``loss_mask == 1``; "masked tokens" means the others.
+* ``token_rewards`` ``(B, T)`` float. Rewards are normally non-zero only at policy tokens (use
+  :func:`place_outcome_reward` / :func:`place_turn_rewards` to put them there). The sequence
+  estimators (REINFORCE++, GAE) credit a reward found at a masked token to the nearest
+  PRECEDING policy token (the action that caused it), undiscounted; a reward before the first
+  policy token of a row has no action to credit and is ignored by them.  GRPO/RLOO use the
+  row sum of ``token_rewards``.
+* Every advantage/return tensor returned here is exactly 0 at masked tokens, and values found at
+  masked positions of any input other than ``token_rewards`` never change results at policy
+  tokens.
+
+Group ids (GRPO/RLOO): one id per row; rows sharing an id are episodes of the same task and form
+the baseline group. A list of str/int or a 1-D tensor is accepted and mapped to contiguous ints.
+
+Conventions (documented where used)
+-----------------------------------
+* Group std (GRPO) and whitening variance are UNBIASED (Bessel-corrected, ``torch.std``'s default),
+  as in verl. A group of size 1 gets advantage 0 (no baseline is possible; verl instead leaves the
+  raw score, which is a biased signal). A group whose rewards are all equal gets exactly 0.
+* ``seq-mean-token-sum-norm`` follows verl: ``sum(loss * mask) / T`` where ``T`` is the tensor's
+  last dimension (or the constant ``norm_length`` if given; Dr. GRPO wants a constant).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentgym.config import Estimator
+
+__all__ = [
+    "place_outcome_reward",
+    "place_turn_rewards",
+    "grpo_advantages",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
+    "gae_advantages",
+    "turn_level_returns",
+    "compute_advantages",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "kl_penalty",
+    "entropy_from_logits",
+    "aggregate_loss",
+    "policy_loss",
+    "value_loss",
+    "tied_groups",
+    "group_index",
+    "explained_variance",
+    "LOSS_AGG_MODES",
+    "KL_ESTIMATORS",
+]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3", "kl", "mse", "low_var_kl", "abs")
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _float_dtype(x: Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+def _check_2d(name: str, x: Tensor, like: Tensor | None = None) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be (B, T); got shape {tuple(x.shape)}")
+    if like is not None and x.shape != like.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(x.shape)} but loss_mask has {tuple(like.shape)}; "
+            "all token tensors must cover the same (B, T) conversation layout"
+        )
+
+
+def _bool_mask(loss_mask: Tensor) -> Tensor:
+    return loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
+
+
+def group_index(group_ids: Any, batch_size: int, device: torch.device | None = None) -> tuple[Tensor, int]:
+    """Map ``group_ids`` (list of str/int, numpy array or 1-D tensor, length B) to a LongTensor
+    ``(B,)`` of contiguous ints ``0..G-1`` (in order of first appearance for lists, sorted for
+    tensors) and return it with ``G``."""
+    if isinstance(group_ids, Tensor):
+        if group_ids.dim() != 1 or group_ids.shape[0] != batch_size:
+            raise ValueError(
+                f"group_ids must be 1-D with one id per row (B={batch_size}); got shape {tuple(group_ids.shape)}"
+            )
+        _, inv = torch.unique(group_ids, return_inverse=True)
+        inv = inv.to(device=device if device is not None else group_ids.device, dtype=torch.long)
+        return inv, int(inv.max().item()) + 1 if batch_size else 0
+    ids = list(group_ids)
+    if len(ids) != batch_size:
+        raise ValueError(f"group_ids has {len(ids)} entries but the batch has B={batch_size} rows; give one id per row")
+    table: dict[Any, int] = {}
+    out = []
+    for g in ids:
+        key = g.item() if hasattr(g, "item") and not isinstance(g, (str, bytes)) else g
+        out.append(table.setdefault(key, len(table)))
+    return torch.tensor(out, dtype=torch.long, device=device), len(table)
+
+
+def _group_stats(scores: Tensor, idx: Tensor, n_groups: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-row (count, sum, unbiased std, tied) of the row's group; all ``(B,)``."""
+    dtype = scores.dtype
+    counts = torch.bincount(idx, minlength=n_groups).to(dtype)
+    sums = torch.zeros(n_groups, dtype=dtype, device=scores.device).index_add_(0, idx, scores)
+    mean = sums / counts.clamp_min(1)
+    dev = scores - mean[idx]
+    sq = torch.zeros(n_groups, dtype=dtype, device=scores.device).index_add_(0, idx, dev * dev)
+    std = torch.sqrt(sq / (counts - 1).clamp_min(1))
+    gmax = torch.full((n_groups,), -math.inf, dtype=dtype, device=scores.device).scatter_reduce(
+        0, idx, scores, reduce="amax"
+    )
+    gmin = torch.full((n_groups,), math.inf, dtype=dtype, device=scores.device).scatter_reduce(
+        0, idx, scores, reduce="amin"
+    )
+    tied = gmax[idx] == gmin[idx]
+    return counts[idx], sums[idx], std[idx], tied
+
+
+def _fold_rewards_onto_policy_tokens(token_rewards: Tensor, mask: Tensor) -> Tensor:
+    """Move each reward found at a masked token onto the nearest preceding policy token of its
+    row (rewards at policy tokens stay put; rewards before the first policy token are dropped).
+    ``token_rewards`` (B,T) float, ``mask`` (B,T) bool -> (B,T), zero at masked tokens."""
+    B, T = token_rewards.shape
+    pos = torch.arange(T, device=token_rewards.device).expand(B, T)
+    prev = torch.where(mask, pos, torch.full_like(pos, -1)).cummax(dim=1).values
+    src = torch.where(prev >= 0, token_rewards, torch.zeros_like(token_rewards))
+    return torch.zeros_like(token_rewards).scatter_add_(1, prev.clamp_min(0), src)
+
+
+def _masked_discounted_cumsum(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Reverse discounted sum over the positions where ``mask`` is True only (masked positions
+    neither discount nor receive). ``rewards`` (B,N) must already be 0 at masked positions.
+    Returns (B,N), 0 at masked positions. Loop over N, vectorised over B (as verl)."""
+    B, N = rewards.shape
+    out = torch.zeros_like(rewards)
+    running = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
+    for t in range(N - 1, -1, -1):
+        mt = mask[:, t]
+        running = torch.where(mt, rewards[:, t] + gamma * running, running)
+        out[:, t] = torch.where(mt, running, torch.zeros_like(running))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# reward placement
+# --------------------------------------------------------------------------------------------
+
+
+def place_outcome_reward(rewards: Tensor, loss_mask: Tensor) -> Tensor:
+    """Put one scalar reward per episode on its LAST policy token.
+
+    ``rewards`` (B,) float; ``loss_mask`` (B,T). Returns ``(B,T)`` (dtype of ``rewards`` if
+    floating) with ``rewards[b]`` at the last position where ``loss_mask[b] == 1`` and 0
+    elsewhere. Never lands on a masked token: the original AgentGym-RL put it on the last token
+    of the row, which in a multi-turn episode can be an environment/padding token, and the
+    reward then vanished under the mask. A row with no policy token gets all zeros.
+    """
+    _check_2d("loss_mask", loss_mask)
+    B, T = loss_mask.shape
+    rewards = torch.as_tensor(rewards, device=loss_mask.device)
+    if rewards.shape != (B,):
+        raise ValueError(f"rewards must be (B,) = ({B},); got {tuple(rewards.shape)}")
+    dtype = _float_dtype(rewards)
+    m = _bool_mask(loss_mask)
+    out = torch.zeros(B, T, dtype=dtype, device=loss_mask.device)
+    if T == 0:
+        return out
+    has = m.any(dim=1)
+    last = (T - 1) - m.flip(dims=[1]).to(torch.uint8).argmax(dim=1)
+    rows = torch.arange(B, device=loss_mask.device)
+    out[rows[has], last[has]] = rewards.to(dtype)[has]
+    return out
+
+
+def place_turn_rewards(
+    turn_rewards: Sequence[Sequence[float]],
+    turn_end_index: Sequence[Sequence[int]],
+    shape: tuple[int, int] | torch.Size,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Place per-turn rewards on a ``(B,T)`` token grid.
+
+    ``turn_rewards[b][k]`` is the reward of turn k of episode b, ``turn_end_index[b][k]`` the
+    index (0 <= i < T) of that turn's LAST POLICY token (the caller knows the layout; use the
+    last policy token so the reward is never masked). ``shape`` = (B, T). Rewards that share an
+    index are summed. Returns ``(B,T)`` of ``dtype``, 0 elsewhere.
+    """
+    B, T = int(shape[0]), int(shape[1])
+    if len(turn_rewards) != B or len(turn_end_index) != B:
+        raise ValueError(
+            f"turn_rewards ({len(turn_rewards)} rows) and turn_end_index ({len(turn_end_index)} rows) "
+            f"must both have B={B} rows, one list per episode"
+        )
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for b, (rs, ix) in enumerate(zip(turn_rewards, turn_end_index)):
+        if len(rs) != len(ix):
+            raise ValueError(f"row {b}: {len(rs)} turn rewards but {len(ix)} turn end indices; give one index per turn")
+        for r, i in zip(rs, ix):
+            i = int(i)
+            if not 0 <= i < T:
+                raise ValueError(f"row {b}: turn end index {i} is outside [0, {T}); indices must be absolute positions")
+            rows.append(b)
+            cols.append(i)
+            vals.append(float(r))
+    out = torch.zeros(B, T, dtype=dtype, device=device)
+    if vals:
+        out.index_put_(
+            (torch.tensor(rows, device=out.device), torch.tensor(cols, device=out.device)),
+            torch.tensor(vals, dtype=dtype, device=out.device),
+            accumulate=True,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# advantage estimators
+# --------------------------------------------------------------------------------------------
+
+
+def tied_groups(rewards: Tensor, group_ids: Any) -> Tensor:
+    """``rewards`` (B,), ``group_ids`` (B ids) -> ``(B,)`` bool, True for rows whose group's
+    rewards are all exactly equal (no learning signal for group baselines; a group of size 1 is
+    tied)."""
+    rewards = torch.as_tensor(rewards)
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be (B,); got {tuple(rewards.shape)} (sum token rewards over T first)")
+    idx, G = group_index(group_ids, rewards.shape[0], rewards.device)
+    return _group_stats(rewards.to(_float_dtype(rewards)), idx, G)[3]
+
+
+def grpo_advantages(
+    token_rewards: Tensor,
+    loss_mask: Tensor,
+    group_ids: Any,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantages.
+
+    ``token_rewards`` (B,T), ``loss_mask`` (B,T), ``group_ids`` (B ids). The outcome score of a
+    row is ``R_b = token_rewards[b].sum()``. Within each group:
+    ``A_b = (R_b - mean_g) / (std_g + eps)`` with the UNBIASED std (``torch.std`` default, as
+    verl), or ``A_b = R_b - mean_g`` when ``norm_by_std=False`` (Dr. GRPO). A group of size 1 or
+    whose scores are all equal gets exactly 0. ``A_b`` is broadcast over the row's policy tokens.
+
+    Returns ``(advantages, returns)``, both (B,T) and 0 at masked tokens; ``returns`` is the raw
+    score ``R_b`` broadcast over policy tokens.
+    """
+    _check_2d("loss_mask", loss_mask)
+    _check_2d("token_rewards", token_rewards, loss_mask)
+    m = _bool_mask(loss_mask)
+    with torch.no_grad():
+        dtype = _float_dtype(token_rewards)
+        scores = token_rewards.to(dtype).sum(dim=1)
+        idx, G = group_index(group_ids, scores.shape[0], scores.device)
+        count, total, std, tied = _group_stats(scores, idx, G)
+        adv = scores - total / count
+        if norm_by_std:
+            adv = adv / (std + eps)
+        adv = torch.where(tied | (count < 2), torch.zeros_like(adv), adv)
+        zeros = torch.zeros_like(token_rewards, dtype=dtype)
+        advantages = torch.where(m, adv[:, None].expand_as(zeros), zeros)
+        returns = torch.where(m, scores[:, None].expand_as(zeros), zeros)
+    return advantages, returns
+
+
+def rloo_advantages(token_rewards: Tensor, loss_mask: Tensor, group_ids: Any) -> tuple[Tensor, Tensor]:
+    """RLOO (leave-one-out) outcome advantages.
+
+    ``R_b = token_rewards[b].sum()``; ``A_b = R_b - mean_{j in group(b), j != b} R_j``
+    (= ``n/(n-1) * (R_b - mean_g)``). Group of size 1 or tied group -> 0. Broadcast over the
+    row's policy tokens. Returns ``(advantages, returns)`` (B,T), 0 at masked tokens;
+    ``returns`` is ``R_b`` broadcast.
+    """
+    _check_2d("loss_mask", loss_mask)
+    _check_2d("token_rewards", token_rewards, loss_mask)
+    m = _bool_mask(loss_mask)
+    with torch.no_grad():
+        dtype = _float_dtype(token_rewards)
+        scores = token_rewards.to(dtype).sum(dim=1)
+        idx, G = group_index(group_ids, scores.shape[0], scores.device)
+        count, total, _, tied = _group_stats(scores, idx, G)
+        adv = scores - (total - scores) / (count - 1).clamp_min(1)
+        adv = torch.where(tied | (count < 2), torch.zeros_like(adv), adv)
+        zeros = torch.zeros_like(token_rewards, dtype=dtype)
+        advantages = torch.where(m, adv[:, None].expand_as(zeros), zeros)
+        returns = torch.where(m, scores[:, None].expand_as(zeros), zeros)
+    return advantages, returns
+
+
+def reinforce_pp_advantages(
+    token_rewards: Tensor, loss_mask: Tensor, gamma: float = 1.0, eps: float = 1e-8
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ advantages.
+
+    Discounted return-to-go over POLICY tokens only: walking a row backwards,
+    ``G_t = r_t + gamma * G_next`` where ``G_next`` is the return at the next policy token of the
+    row (0 after the last one); env/masked tokens neither discount nor receive (rewards found at
+    them are first credited to the preceding policy token, see module doc). Advantages are the
+    returns whitened over all policy tokens of the batch: ``(G - mean) * rsqrt(var + eps)`` with
+    the unbiased variance (verl ``masked_whiten``).
+
+    Returns ``(advantages, returns)`` (B,T), 0 at masked tokens; ``returns`` are the raw ``G``.
+    """
+    _check_2d("loss_mask", loss_mask)
+    _check_2d("token_rewards", token_rewards, loss_mask)
+    m = _bool_mask(loss_mask)
+    with torch.no_grad():
+        r = _fold_rewards_onto_policy_tokens(token_rewards.to(_float_dtype(token_rewards)), m)
+        returns = _masked_discounted_cumsum(r, m, gamma)
+        advantages = masked_whiten(returns, m, eps=eps)
+    return advantages, returns
+
+
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, loss_mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Generalized Advantage Estimation over policy tokens only.
+
+    ``values`` (B,T) are the critic's V at every position (only policy positions are read).
+    With ``p_0 < p_1 < ... < p_{n-1}`` the policy tokens of a row:
+    ``delta_k = r_{p_k} + gamma * V_{p_{k+1}} - V_{p_k}`` (``V_{p_n} = 0``) and
+    ``A_k = delta_k + gamma * lam * A_{k+1}`` (``A_n = 0``): env tokens carry the running
+    advantage and next value through unchanged (as verl's multi-turn GAE), rewards found at them
+    are credited to the preceding policy token first. ``returns = advantages + values`` at policy
+    tokens. Advantages are NOT whitened here (use :func:`masked_whiten`;
+    :func:`compute_advantages` does it by default).
+
+    Returns ``(advantages, returns)`` (B,T), 0 at masked tokens.
+    """
+    _check_2d("loss_mask", loss_mask)
+    _check_2d("token_rewards", token_rewards, loss_mask)
+    _check_2d("values", values, loss_mask)
+    m = _bool_mask(loss_mask)
+    with torch.no_grad():
+        dtype = torch.promote_types(_float_dtype(token_rewards), _float_dtype(values))
+        r = _fold_rewards_onto_policy_tokens(token_rewards.to(dtype), m)
+        v = values.detach().to(dtype)
+        B, T = r.shape
+        adv = torch.zeros_like(r)
+        next_v = torch.zeros(B, dtype=dtype, device=r.device)
+        last = torch.zeros(B, dtype=dtype, device=r.device)
+        for t in range(T - 1, -1, -1):
+            mt = m[:, t]
+            delta = r[:, t] + gamma * next_v - v[:, t]
+            last = torch.where(mt, delta + gamma * lam * last, last)
+            next_v = torch.where(mt, v[:, t], next_v)
+            adv[:, t] = torch.where(mt, last, torch.zeros_like(last))
+        returns = torch.where(m, adv + torch.where(m, v, torch.zeros_like(v)), torch.zeros_like(adv))
+    return adv, returns
+
+
+def turn_level_returns(turn_rewards: Tensor, turn_mask: Tensor, gamma: float) -> Tensor:
+    """Per-turn discounted returns across turns.
+
+    ``turn_rewards`` (B,K) reward of turn k of episode b; ``turn_mask`` (B,K) 1 for turns that
+    exist (0 = padding turn, skipped: it neither discounts nor receives). Returns (B,K) with
+    ``G_k = r_k + gamma * G_{k'}`` where k' is the next existing turn (0 after the last), 0 at
+    padding turns. Each turn thus gets its own credit (what it earned from then on), instead of
+    every token sharing the episode outcome. Broadcast ``G_k`` over turn k's policy tokens to
+    use it as a per-turn return.
+    """
+    _check_2d("turn_mask", turn_mask)
+    _check_2d("turn_rewards", turn_rewards, turn_mask)
+    m = _bool_mask(turn_mask)
+    r = turn_rewards.to(_float_dtype(turn_rewards))
+    return _masked_discounted_cumsum(torch.where(m, r, torch.zeros_like(r)), m, gamma)
+
+
+def compute_advantages(
+    estimator: Estimator | str,
+    token_rewards: Tensor,
+    loss_mask: Tensor,
+    group_ids: Any = None,
+    *,
+    values: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_by_std: bool = True,
+    whiten_gae: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Dispatch to the estimator named by ``estimator`` (an :class:`Estimator` or its value).
+
+    grpo/rloo need ``group_ids``; gae needs ``values``; reinforce_pp uses ``gamma``; gae uses
+    ``gamma`` and ``lam``; grpo uses ``norm_by_std``. For gae the advantages are whitened over
+    the batch's policy tokens when ``whiten_gae`` (verl does the same); returns are not.
+    Returns ``(advantages, returns)``, (B,T), 0 at masked tokens. Raises ``ValueError`` saying how
+    to fix a missing input or an unknown estimator.
+    """
+    try:
+        if isinstance(estimator, str) and not isinstance(estimator, Estimator):
+            estimator = estimator.lower()
+        est = Estimator(estimator)
+    except ValueError:
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}; use one of {[e.value for e in Estimator]}"
+        ) from None
+    if est in (Estimator.GRPO, Estimator.RLOO) and group_ids is None:
+        raise ValueError(
+            f"estimator {est.value!r} needs group_ids (one id per row; rows of the same task share an id "
+            "so each is compared with its group); pass group_ids=..., or use estimator='reinforce_pp' "
+            "which needs no groups"
+        )
+    if est is Estimator.GRPO:
+        return grpo_advantages(token_rewards, loss_mask, group_ids, norm_by_std=norm_by_std)
+    if est is Estimator.RLOO:
+        return rloo_advantages(token_rewards, loss_mask, group_ids)
+    if est is Estimator.REINFORCE_PP:
+        return reinforce_pp_advantages(token_rewards, loss_mask, gamma=gamma)
+    if values is None:
+        raise ValueError(
+            "estimator 'gae' needs values=(B,T) critic values at every token; compute them with the "
+            "critic, or pick a critic-free estimator ('grpo', 'rloo', 'reinforce_pp')"
+        )
+    adv, ret = gae_advantages(token_rewards, values, loss_mask, gamma=gamma, lam=lam)
+    if whiten_gae:
+        adv = masked_whiten(adv, loss_mask)
+    return adv, ret
+
+
+# --------------------------------------------------------------------------------------------
+# masked statistics
+# --------------------------------------------------------------------------------------------
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over positions where ``mask != 0`` (weights = mask values; x at masked
+    positions is never read, even if NaN/inf). ``dim=None``: scalar; else reduce ``dim``. An
+    empty selection gives 0."""
+    mf = mask.to(_float_dtype(x))
+    xs = torch.where(mf != 0, x * mf, torch.zeros_like(x))
+    if dim is None:
+        return xs.sum() / mf.sum().clamp_min(1e-8)
+    return xs.sum(dim=dim) / mf.sum(dim=dim).clamp_min(1e-8)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of ``x`` over all masked-in positions (scalar). Unbiased (n-1) by default as verl;
+    with fewer than 2 positions the (n-1) correction is skipped (gives 0, not a division by 0)."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = mask.to(_float_dtype(x)).sum()
+        if n >= 2:
+            var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) * rsqrt(var + eps)`` with mean/unbiased var over ``mask`` (the whole tensor,
+    i.e. the batch); ``shift_mean=False`` adds the mean back (scale only). Returns a tensor of
+    x's shape that is 0 at masked positions."""
+    m = _bool_mask(mask)
+    mean = masked_mean(x, m)
+    var = masked_var(x, m)
+    w = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        w = w + mean
+    return torch.where(m, w, torch.zeros_like(w))
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """``1 - Var[returns - values] / Var[returns]`` over masked-in positions (unbiased). 1 =
+    perfect critic, 0 = no better than a constant, < 0 worse. NaN when Var[returns] == 0."""
+    var_y = masked_var(returns, mask)
+    if float(var_y) == 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(returns - values, mask) / var_y)
+
+
+# --------------------------------------------------------------------------------------------
+# losses
+# --------------------------------------------------------------------------------------------
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token KL(pi || pi_ref) estimate from sampled-token log-probs (any equal shapes).
+
+    * ``k1`` / ``kl``: ``lp - ref`` (unbiased, high variance, can be negative)
+    * ``abs``: ``|lp - ref|``
+    * ``k2`` / ``mse``: ``0.5 * (lp - ref)^2``
+    * ``k3`` / ``low_var_kl``: ``exp(ref - lp) - (ref - lp) - 1`` (unbiased, >= 0, low variance);
+      like verl, ``ref - lp`` is clamped to [-20, 20] and the result to [-10, 10].
+    """
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)} and ref_logprobs {tuple(ref_logprobs.shape)} differ in shape")
+    name = estimator.lower()
+    if name in ("k1", "kl"):
+        return logprobs - ref_logprobs
+    if name == "abs":
+        return (logprobs - ref_logprobs).abs()
+    if name in ("k2", "mse"):
+        return 0.5 * (logprobs - ref_logprobs).square()
+    if name in ("k3", "low_var_kl"):
+        d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+        return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {estimator!r}; use one of {list(KL_ESTIMATORS)}")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the categorical softmax(logits) over the last dim: (B,T,V) -> (B,T)
+    (``logsumexp(l) - sum softmax(l) * l``, as verl)."""
+    pd = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (pd * logits).sum(dim=-1)
+
+
+def aggregate_loss(loss_mat: Tensor, loss_mask: Tensor, mode: str, *, norm_length: int | None = None) -> Tensor:
+    """Reduce a per-token loss ``loss_mat`` (B,T) over policy tokens (``loss_mask`` (B,T)) to a scalar.
+
+    * ``token-mean``: sum(loss*mask) / sum(mask) (every policy token weighs the same).
+    * ``seq-mean-token-mean``: mean over rows of each row's token mean; rows without any policy
+      token are left out (verl would divide by 0 there).
+    * ``seq-mean-token-sum``: mean over all B rows of each row's token sum.
+    * ``seq-mean-token-sum-norm`` (Dr. GRPO, verl's definition): sum(loss*mask) / L with L =
+      ``norm_length`` if given else T = ``loss_mask.shape[-1]`` (a constant L reproduces Dr. GRPO
+      best; note it is a SUM over rows, not a mean).
+
+    Values of ``loss_mat`` at masked positions are never read (nor get gradient).
+    """
+    _check_2d("loss_mask", loss_mask)
+    _check_2d("loss_mat", loss_mat, loss_mask)
+    m = _bool_mask(loss_mask)
+    x = torch.where(m, loss_mat, torch.zeros_like(loss_mat))
+    mf = m.to(_float_dtype(loss_mat))
+    if mode == "token-mean":
+        return x.sum() / mf.sum().clamp_min(1.0)
+    if mode == "seq-mean-token-mean":
+        n = mf.sum(dim=-1)
+        has = n > 0
+        per_row = x.sum(dim=-1) / n.clamp_min(1.0)
+        return (per_row * has).sum() / has.sum().clamp_min(1)
+    if mode == "seq-mean-token-sum":
+        return x.sum(dim=-1).mean()
+    if mode == "seq-mean-token-sum-norm":
+        L = loss_mask.shape[-1] if norm_length is None else norm_length
+        if L <= 0:
+            raise ValueError(f"norm_length must be positive; got {L}")
+        return x.sum() / L
+    raise ValueError(f"unknown loss aggregation {mode!r}; use one of {list(LOSS_AGG_MODES)}")
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    loss_agg: str = "token-mean",
+    *,
+    norm_length: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate with asymmetric clipping (clip-higher) and optional dual clip.
+
+    All inputs (B,T). ``r = exp(logprobs - old_logprobs)`` (log-ratio clamped to [-20, 20]),
+    per-token loss ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))``; with ``dual_clip=c``
+    (c > 1) tokens with A < 0 use ``min(that, -A c)`` so a huge ratio on a bad action cannot blow
+    up the loss. Reduced with :func:`aggregate_loss` (``loss_agg``). Gradient flows into
+    ``logprobs`` only at policy tokens.
+
+    Metrics (Python floats, means over policy tokens): ``clipfrac_high`` (A > 0 and r > 1 +
+    clip_high: clipped branch taken), ``clipfrac_low`` (A < 0 and r < 1 - clip_low),
+    ``clipfrac`` (either; = low + high), ``dual_clipfrac`` (dual clip active), ``approx_kl``
+    (mean 0.5 (lp - old)^2), ``ratio_mean``, ``pg_loss``.
+    """
+    _check_2d("loss_mask", loss_mask)
+    for name, t in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", advantages)):
+        _check_2d(name, t, loss_mask)
+    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got clip_low={clip_low}, clip_high={clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (typically 3.0), or None to disable; got {dual_clip}")
+    m = _bool_mask(loss_mask)
+    old = old_logprobs.detach()
+    adv = torch.where(m, advantages.detach(), torch.zeros_like(advantages))
+    log_ratio_raw = torch.where(m, logprobs - old, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio_raw.clamp(-20.0, 20.0))
+    l1 = -adv * ratio
+    l2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clipped = torch.maximum(l1, l2)
+    if dual_clip is not None:
+        l3 = -adv * dual_clip
+        pg = torch.where(adv < 0, torch.minimum(clipped, l3), clipped)
+    else:
+        pg = clipped
+    loss = aggregate_loss(pg, m, loss_agg, norm_length=norm_length)
+    with torch.no_grad():
+        took_clip = l2 > l1
+        metrics = {
+            "clipfrac_high": float(masked_mean((took_clip & (adv > 0)).float(), m)),
+            "clipfrac_low": float(masked_mean((took_clip & (adv < 0)).float(), m)),
+            "clipfrac": float(masked_mean(took_clip.float(), m)),
+            "dual_clipfrac": (
+                float(masked_mean(((adv < 0) & (clipped > l3)).float(), m)) if dual_clip is not None else 0.0
+            ),
+            "approx_kl": float(masked_mean(0.5 * log_ratio_raw.square(), m)),
+            "ratio_mean": float(masked_mean(ratio, m)),
+            "pg_loss": float(loss),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    loss_mask: Tensor,
+    clip: float | None = 0.2,
+    loss_agg: str = "token-mean",
+    *,
+    norm_length: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss (verl/PPO2): ``v_clip = old + clamp(v - old, -clip, clip)``,
+    per-token ``max((v - R)^2, (v_clip - R)^2)``, loss = 0.5 * aggregate. ``clip=None`` disables
+    clipping. All inputs (B,T); gradient flows into ``values`` at policy tokens only.
+    Metrics: ``vf_clipfrac`` (fraction of policy tokens where the clipped term is larger),
+    ``vf_loss``, ``vpred_mean``."""
+    _check_2d("loss_mask", loss_mask)
+    for name, t in (("values", values), ("old_values", old_values), ("returns", returns)):
+        _check_2d(name, t, loss_mask)
+    m = _bool_mask(loss_mask)
+    zero = torch.zeros_like(values)
+    v = torch.where(m, values, zero)
+    old = torch.where(m, old_values.detach().to(values.dtype), zero)
+    ret = torch.where(m, returns.detach().to(values.dtype), zero)
+    l1 = (v - ret).square()
+    if clip is not None:
+        v_clip = old + (v - old).clamp(-clip, clip)
+        l2 = (v_clip - ret).square()
+        per_tok = torch.maximum(l1, l2)
+    else:
+        l2 = l1
+        per_tok = l1
+    loss = 0.5 * aggregate_loss(per_tok, m, loss_agg, norm_length=norm_length)
+    with torch.no_grad():
+        metrics = {
+            "vf_clipfrac": float(masked_mean((l2 > l1).float(), m)),
+            "vf_loss": float(loss),
+            "vpred_mean": float(masked_mean(v, m)),
+        }
+    return loss, metrics

@@ -1,0 +1,147 @@
+"""`agentgym` command line: train, prepare models, serve environments."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentGym-RL on Prefect.")
+models_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
+env_app = typer.Typer(no_args_is_help=True, help="Run environments.")
+app.add_typer(models_app, name="models")
+app.add_typer(env_app, name="env")
+console = Console(stderr=True)
+
+# Quiet, local-by-default Prefect: a temporary server (SQLite) when none is configured.
+PREFECT_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_LOGGING_LOG_PRINTS": "false",
+}
+
+
+def _quiet_env() -> None:
+    for k, v in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
+    import logging
+
+    for name in ("DeepSpeed", "deepspeed", "httpx", "alembic", "mlflow", "mlflow.store.db.utils"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@app.command()
+def train(
+    config: Path = typer.Option(Path("configs/quickstart.yaml"), "--config", "-c", help="YAML config."),
+    set_: list[str] = typer.Option([], "--set", help="Override a field: --set rollout.group_size=8"),
+    run_id: Optional[str] = typer.Option(None, help="Run id; reuse one to resume it."),
+) -> None:
+    """Run the ScalingInter-RL pipeline as a Prefect flow, with a progress bar and a summary."""
+    _quiet_env()
+    from agentgym.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, set_)
+    except ConfigError as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    if run_id:
+        cfg = cfg.model_copy(update={"run_id": run_id})
+    from tqdm import tqdm
+
+    from agentgym import progress
+
+    bar: dict[str, tqdm] = {}
+
+    def hook(event: str, data: dict) -> None:
+        if event == "start":
+            bar["it"] = tqdm(total=data["total"], desc=f"run {data['run_id']}", unit="iter",
+                             file=sys.stderr, dynamic_ncols=True)
+        elif event == "iteration" and "it" in bar:
+            m = data["metrics"]
+            bar["it"].set_postfix(stage=data["stage"], horizon=data["horizon"],
+                                  reward=f"{m.get('reward_mean', float('nan')):.2f}",
+                                  success=f"{m.get('success_rate', float('nan')):.2f}")
+            bar["it"].update(1)
+
+    progress.install(hook)
+    from flows.train import scaling_inter_rl
+
+    t0 = time.perf_counter()
+    result = scaling_inter_rl(cfg)
+    if "it" in bar:
+        bar["it"].close()
+    _print_summary(result, time.perf_counter() - t0)
+
+
+def _print_summary(result: dict, seconds: float) -> None:
+    out = Console(soft_wrap=True)
+    table = Table(title=f"ScalingInter-RL run {result['run_id']} ({seconds / 60:.1f} min)")
+    for col in ("stage", "horizon", "iterations", "success rate", "final success", "reward mean"):
+        table.add_column(col, justify="right")
+    for s in result["stages"]:
+        table.add_row(str(s["stage"]), str(s["horizon"]), str(s["iterations"]),
+                      f"{s['success_rate']:.3f}", f"{s['final_success_rate']:.3f}", f"{s['reward_mean']:.3f}")
+    out.print(table)
+    out.print(f"run id:        {result['run_id']}")
+    out.print(f"trajectories:  {result['store']}")
+    out.print(f"MLflow:        {result['tracking_uri']} (experiment '{result['experiment']}', "
+              f"run {result['mlflow_run_id']}); UI: mlflow ui --backend-store-uri {result['tracking_uri']}")
+    out.print(f"checkpoint:    {result['stages'][-1]['checkpoint'] if result['stages'] else '-'}")
+    out.print("turns table:   python -c \"import pandas as pd; "
+              f"print(pd.read_parquet('{result['store']}/turns'))\"")
+
+
+@models_app.command("prepare")
+def models_prepare(name: str = typer.Argument(..., help="'smollm2' or 'tiny'"),
+                   cache_dir: str = typer.Option("~/.cache/agentgym/models", help="Cache folder.")) -> None:
+    """Build or convert a model into the local cache and print its folder."""
+    from agentgym.models import resolve_model
+
+    try:
+        path = resolve_model(name, cache_dir)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    print(path)
+
+
+@env_app.command("serve")
+def env_serve(name: str = typer.Argument(..., help="Environment adapter name, e.g. babyai."),
+              host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8001),
+              max_envs: int = typer.Option(64, help="Concurrent environments allowed.")) -> None:
+    """Expose an in-process environment over the AgentGym HTTP protocol."""
+    from env_adapters.http_server import serve
+
+    serve(name, host=host, port=port, max_envs=max_envs)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,282 @@
+"""Typed configuration: one pydantic model per component, and PipelineConfig holding them all.
+
+Every field has a default and a description (the Prefect UI renders them as a form). Unknown
+fields are rejected, and cross-field checks say how to fix what they reject.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Estimator(str, Enum):
+    """Advantage estimator (``algorithm.estimator``)."""
+
+    GRPO = "grpo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce_pp"
+    GAE = "gae"
+
+
+class ModelConfig(_Strict):
+    name_or_path: str = Field(
+        "tiny",
+        description="'tiny' (test model built locally), 'smollm2' (packaged SmolLM2-135M-Instruct) "
+        "or a path to a local Hugging Face model folder.",
+    )
+    dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="Weights dtype for rollouts and training (bf16 is ~2x faster on CPU)."
+    )
+    cache_dir: str = Field(
+        "~/.cache/agentgym/models", description="Where prepared models (tiny, smollm2) are cached."
+    )
+
+
+class EnvSpec(_Strict):
+    name: str = Field("babyai", description="Environment adapter name (see env_adapters.ADAPTERS).")
+    tasks: list[int] = Field(
+        default_factory=lambda: list(range(8)),
+        description="Training task ids (AgentGym data_idx) this environment draws from.",
+    )
+    eval_tasks: list[int] = Field(
+        default_factory=list, description="Held-out task ids for evaluation (empty: no eval)."
+    )
+    weight: float = Field(1.0, gt=0, description="Share of each rollout batch in a mixed config.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the adapter constructor."
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _non_empty(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("tasks is empty; list at least one task id, e.g. tasks: [0, 1, 2]")
+        return v
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Inference engine for rollouts.")
+    tasks_per_iteration: int = Field(4, ge=1, description="Distinct tasks sampled per iteration.")
+    group_size: int = Field(
+        4, ge=1, description="Episodes per task (G); GRPO/RLOO baselines are computed within a group."
+    )
+    max_new_tokens: int = Field(48, ge=1, description="Token budget of one reply.")
+    max_context_tokens: int = Field(
+        4096, ge=64, description="An episode whose next prompt would exceed this is truncated."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs use it too).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    response_prefix: str = Field(
+        "",
+        description="Text forced at the start of every reply (not trained on), e.g. 'Action:' to "
+        "help a small model keep the action format.",
+    )
+    stop: list[str] = Field(
+        default_factory=list, description="Stop strings; the reply ends after the first match."
+    )
+    env_workers: int = Field(16, ge=1, description="Threads stepping environments concurrently.")
+
+
+class AlgorithmConfig(_Strict):
+    estimator: Estimator = Field(Estimator.GRPO, description="Advantage estimator.")
+    norm_adv_by_std: bool = Field(
+        True, description="GRPO: divide by the group std (False gives Dr. GRPO)."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount for gae / reinforce_pp.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low).")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (clip-higher).")
+    dual_clip: float | None = Field(
+        None, description="Dual-clip constant c > 1 for negative advantages; None disables."
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    entropy_coef: float = Field(0.0, description="Entropy bonus weight (subtracted from the loss).")
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = Field("token-mean", description="How token losses are aggregated.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
+    skip_tied_groups: bool = Field(
+        True, description="Drop groups whose rewards all tie (zero advantage, no signal)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "AlgorithmConfig":
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 (got {self.dual_clip}); use e.g. 3.0 or null")
+        return self
+
+
+class TrainerConfig(_Strict):
+    learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
+    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
+    world_size: int = Field(1, ge=1, description="Training ranks (1 runs in the flow's process).")
+    bf16: bool = Field(True, description="Train in bf16 (DeepSpeed keeps fp32 master weights).")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+
+
+class StageSpec(_Strict):
+    horizon: int = Field(..., ge=1, description="Maximum interaction turns in this stage.")
+    iterations: int = Field(..., ge=1, description="RL iterations in this stage.")
+
+
+class ScheduleConfig(_Strict):
+    """ScalingInter-RL: stages of growing horizon. Either ``stages`` or AgentGym-RL's shorthand
+    ``rounds`` + ``steps_per_stage``."""
+
+    stages: list[StageSpec] | None = Field(
+        None, description="Explicit stages: [{horizon: 6, iterations: 10}, ...]."
+    )
+    rounds: list[int] | None = Field(None, description="Shorthand: horizons per stage, e.g. [6, 13, 20].")
+    steps_per_stage: int | None = Field(None, ge=1, description="Shorthand: iterations per stage.")
+
+    @model_validator(mode="after")
+    def _resolve(self) -> "ScheduleConfig":
+        if self.stages is None and self.rounds is None:
+            raise ValueError(
+                "schedule needs stages: write either stages: [{horizon: 6, iterations: 3}, ...] "
+                "or rounds: [6, 13, 20] with steps_per_stage: N"
+            )
+        if self.stages is not None and self.rounds is not None:
+            raise ValueError("schedule has both stages and rounds; keep only one of them")
+        if self.rounds is not None:
+            if self.steps_per_stage is None:
+                raise ValueError("schedule.rounds needs schedule.steps_per_stage (iterations per stage)")
+            if any(r < 1 for r in self.rounds):
+                raise ValueError(f"schedule.rounds must be positive horizons, got {self.rounds}")
+        if not self.resolved():
+            raise ValueError("schedule has no stages; give at least one")
+        return self
+
+    def resolved(self) -> list[StageSpec]:
+        if self.stages is not None:
+            return list(self.stages)
+        return [StageSpec(horizon=r, iterations=self.steps_per_stage) for r in self.rounds or []]
+
+
+class StoreConfig(_Strict):
+    root: str = Field(
+        "./trajectories", description="Trajectory store root: a local folder or an s3://bucket/prefix."
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options for s3:// (e.g. {client_kwargs: {endpoint_url: ...}}).",
+    )
+
+
+class TrackingConfig(_Strict):
+    tracking_uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking URI.")
+    experiment: str = Field("agentgym-rl", description="MLflow experiment name.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Also checkpoint every N global steps (0: only at the end of a stage)."
+    )
+
+
+class PipelineConfig(_Strict):
+    run_id: str | None = Field(
+        None, description="Pipeline run id; reuse one to resume. None: a new id is generated."
+    )
+    seed: int = Field(0, description="Seed for task sampling, generation and training.")
+    system_prompt: str | None = Field(
+        None, description="Override the environment's system prompt (None keeps the adapter's)."
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    envs: list[EnvSpec] = Field(default_factory=lambda: [EnvSpec()], description="Environments.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    schedule: ScheduleConfig = Field(
+        default_factory=lambda: ScheduleConfig(rounds=[6, 13, 20], steps_per_stage=3)
+    )
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _cross(self) -> "PipelineConfig":
+        est = self.algorithm.estimator
+        if est in (Estimator.GRPO, Estimator.RLOO) and self.rollout.group_size < 2:
+            raise ValueError(
+                f"algorithm.estimator={est.value} needs rollout.group_size >= 2 (a baseline needs "
+                "several samples of the same task); raise group_size or use reinforce_pp"
+            )
+        if est is Estimator.GAE:
+            raise ValueError(
+                "algorithm.estimator=gae needs a critic, which this version does not build yet; "
+                "use grpo, rloo or reinforce_pp"
+            )
+        batch = self.rollout.tasks_per_iteration * self.rollout.group_size
+        if batch < self.algorithm.mini_batches:
+            raise ValueError(
+                f"algorithm.mini_batches={self.algorithm.mini_batches} exceeds the rollout batch "
+                f"({batch} episodes); lower mini_batches or raise tasks_per_iteration/group_size"
+            )
+        if self.rollout.engine == "vllm":
+            raise ValueError("rollout.engine=vllm is not available in this version; use hf")
+        if self.trainer.world_size != 1:
+            raise ValueError("trainer.world_size > 1 is not available in this version; use 1")
+        return self
+
+    @property
+    def stages(self) -> list[StageSpec]:
+        return self.schedule.resolved()
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field and the fix."""
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling against docs/configuration.md"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like field.path=value")
+        key, raw = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return parse_config(apply_overrides(data, overrides or []), source=str(path))

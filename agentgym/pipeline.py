@@ -1,0 +1,220 @@
+"""One RL iteration's library steps, held together by a ``PolicySession``.
+
+A session owns what must stay in memory between iterations (tokenizer, inference engine,
+DeepSpeed trainer) and the trajectory store. The Prefect tasks are thin wrappers over its
+methods; each method takes and returns small, JSON-able values, and reads its inputs from
+the store, so every step can be retried or resumed on its own.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentgym import algorithms as A
+from agentgym.chat import ChatFormatter
+from agentgym.config import PipelineConfig
+from agentgym.engines.hf import HFEngine
+from agentgym.models import load_model, resolve_model
+from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
+from agentgym.store import TrajectoryStore
+from agentgym.training import PolicyTrainer, TrainBatch
+from agentgym.types import Episode
+from env_adapters import make_env
+
+
+def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = False) -> list[EpisodeSpec]:
+    """The episodes of one iteration: a pure function of (config, global step).
+
+    ``tasks_per_iteration`` tasks are drawn (without replacement while possible) from the
+    environments in proportion to their weights; each task is played ``group_size`` times
+    from the same initial state, which is what GRPO/RLOO baselines compare.
+    """
+    rng = random.Random(f"{cfg.seed}:{global_step}:{'eval' if eval_split else 'train'}")
+    envs = [e for e in cfg.envs if (e.eval_tasks if eval_split else e.tasks)]
+    if not envs:
+        return []
+    weights = [e.weight for e in envs]
+    picks: list[tuple[int, int]] = []
+    for _ in range(cfg.rollout.tasks_per_iteration):
+        k = rng.choices(range(len(envs)), weights=weights)[0]
+        pool = envs[k].eval_tasks if eval_split else envs[k].tasks
+        used = {t for kk, t in picks if kk == k}
+        free = [t for t in pool if t not in used] or list(pool)
+        picks.append((k, rng.choice(free)))
+    specs = []
+    for g, (k, task) in enumerate(picks):
+        env = envs[k]
+        group = f"s{global_step}-g{g}-{env.name}-{task}"
+        for i in range(cfg.rollout.group_size):
+            specs.append(EpisodeSpec(env.name, task, cfg.seed, group, f"{group}-e{i}", dict(env.kwargs)))
+    return specs
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    ok = [e for e in episodes if not e.infra_error]
+    turns = [t for e in ok for t in e.turns]
+    return {
+        "reward_mean": float(np.mean([e.reward for e in ok])) if ok else float("nan"),
+        "success_rate": float(np.mean([e.success for e in ok])) if ok else float("nan"),
+        "turns_per_episode": float(np.mean([e.num_turns for e in ok])) if ok else float("nan"),
+        "format_error_rate": float(np.mean([t.format_error for t in turns])) if turns else float("nan"),
+        "infra_error_episodes": float(len(episodes) - len(ok)),
+        "episodes": float(len(episodes)),
+    }
+
+
+@dataclass
+class IterationRef:
+    stage: int
+    iteration: int
+    global_step: int
+
+
+class PolicySession:
+    def __init__(self, cfg: PipelineConfig, run_id: str, weights: str | Path | None = None):
+        self.cfg = cfg
+        self.run_id = run_id
+        self.base_model = resolve_model(cfg.model.name_or_path, cfg.model.cache_dir)
+        self.weights = Path(weights) if weights else self.base_model
+        model, self.tokenizer = load_model(self.weights, cfg.model.dtype)
+        self.engine = HFEngine(model, self.tokenizer)
+        self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
+        self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
+        self._trainer: PolicyTrainer | None = None
+        self.policy_version = 0
+
+    @property
+    def trainer(self) -> PolicyTrainer:
+        if self._trainer is None:  # built on first update: evaluation-only sessions skip it
+            self._trainer = PolicyTrainer(
+                self.weights, self.tokenizer, self.cfg.trainer, self.cfg.algorithm,
+                temperature=self.cfg.rollout.temperature, seed=self.cfg.seed,
+            )
+        return self._trainer
+
+    def rollout_settings(self, horizon: int, seed: int, greedy: bool = False) -> RolloutSettings:
+        r = self.cfg.rollout
+        return RolloutSettings(
+            horizon=horizon, max_new_tokens=r.max_new_tokens, max_context_tokens=r.max_context_tokens,
+            temperature=r.temperature, top_p=r.top_p, greedy=greedy, stop=list(r.stop),
+            env_workers=r.env_workers, seed=seed, system_prompt=self.cfg.system_prompt,
+        )
+
+    # -- 1. rollout + store ----------------------------------------------------------------
+    def collect(self, ref: IterationRef, horizon: int, on_turn=None) -> dict[str, Any]:
+        existing = self.store.manifest("episodes", ref.stage, ref.iteration)
+        if existing is not None:  # already committed (resume): never roll out twice
+            eps = self.store.read_episodes(ref.stage, ref.iteration)
+            return {"rows": existing.rows, "digest": existing.digest, "reused": True, **episode_metrics(eps)}
+        specs = plan_episodes(self.cfg, ref.global_step)
+        t0 = time.perf_counter()
+        tokens_before = self.engine.generated_tokens
+        episodes = run_episodes(
+            self.engine, self.formatter, specs,
+            self.rollout_settings(horizon, seed=self.cfg.seed * 1_000_003 + ref.global_step),
+            make_env=make_env, on_turn=on_turn,
+        )
+        seconds = time.perf_counter() - t0
+        gen = self.engine.generated_tokens - tokens_before
+        manifest = self.store.write_episodes(
+            episodes, stage=ref.stage, iteration=ref.iteration,
+            global_step=ref.global_step, policy_version=self.policy_version,
+        )
+        return {
+            "rows": manifest.rows, "digest": manifest.digest, "reused": False,
+            "rollout_seconds": seconds, "generated_tokens": float(gen),
+            "gen_tokens_per_s": gen / seconds if seconds > 0 else float("nan"),
+            **episode_metrics(episodes),
+        }
+
+    # -- 2. advantages ---------------------------------------------------------------------
+    def advantages(self, ref: IterationRef) -> dict[str, Any]:
+        algo = self.cfg.algorithm
+        existing = self.store.manifest("advantages", ref.stage, ref.iteration)
+        if existing is not None:
+            return {"rows": existing.rows, "digest": existing.digest, "reused": True}
+        episodes = [e for e in self.store.read_episodes(ref.stage, ref.iteration) if not e.infra_error]
+        if not episodes:
+            manifest = self.store.write_advantages([], stage=ref.stage, iteration=ref.iteration,
+                                                   estimator=algo.estimator.value)
+            return {"rows": 0, "digest": manifest.digest, "reused": False, "tied_groups": 0.0}
+        width = max(len(e.input_ids) for e in episodes)
+        mask = torch.zeros((len(episodes), width))
+        for i, e in enumerate(episodes):
+            mask[i, : len(e.loss_mask)] = torch.as_tensor(e.loss_mask, dtype=torch.float32)
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
+        groups = [e.group_id for e in episodes]
+        token_rewards = A.place_outcome_reward(rewards, mask)
+        adv, ret = A.compute_advantages(
+            algo.estimator, token_rewards, mask, groups,
+            gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_adv_by_std,
+        )
+        tied = A.tied_groups(rewards, groups)
+        rows = [
+            {"episode_id": e.episode_id,
+             "advantages": adv[i, : len(e.input_ids)].tolist(),
+             "returns": ret[i, : len(e.input_ids)].tolist(),
+             "tied": bool(tied[i])}
+            for i, e in enumerate(episodes)
+        ]
+        manifest = self.store.write_advantages(
+            [{k: v for k, v in r.items() if k != "tied"} for r in rows],
+            stage=ref.stage, iteration=ref.iteration, estimator=algo.estimator.value,
+        )
+        n_groups = len(set(groups))
+        tied_groups = len({g for g, t in zip(groups, tied.tolist()) if t})
+        adv_tokens = adv[mask.bool()]
+        return {
+            "rows": manifest.rows, "digest": manifest.digest, "reused": False,
+            "tied_groups": float(tied_groups), "groups": float(n_groups),
+            "adv_mean": float(adv_tokens.mean()) if adv_tokens.numel() else 0.0,
+            "adv_std": float(adv_tokens.std()) if adv_tokens.numel() > 1 else 0.0,
+        }
+
+    # -- 3. update + weight sync -----------------------------------------------------------
+    def update(self, ref: IterationRef) -> dict[str, Any]:
+        algo = self.cfg.algorithm
+        episodes = {e.episode_id: e for e in self.store.read_episodes(ref.stage, ref.iteration)}
+        adv = self.store.read_table("advantages", stage=ref.stage, iteration=ref.iteration)
+        rewards_by_group: dict[str, set[float]] = {}
+        for e in episodes.values():
+            if not e.infra_error:
+                rewards_by_group.setdefault(e.group_id, set()).add(e.reward)
+        rows = []
+        skipped = 0
+        for rec in adv.itertuples(index=False):
+            e = episodes[rec.episode_id]
+            if e.infra_error:
+                continue
+            if algo.skip_tied_groups and len(rewards_by_group[e.group_id]) == 1 and algo.estimator.value in ("grpo", "rloo"):
+                skipped += 1
+                continue
+            rows.append({"input_ids": e.input_ids, "loss_mask": e.loss_mask,
+                         "old_logprobs": e.old_logprobs, "advantages": list(rec.advantages)})
+        if not rows:
+            return {"updated": False, "skipped_episodes": float(skipped), "policy_version": self.policy_version}
+        batch = TrainBatch.from_rows(rows, self.trainer.pad_id)
+        t0 = time.perf_counter()
+        metrics = self.trainer.train_on_batch(batch, seed=self.cfg.seed * 7919 + ref.global_step)
+        self.engine.update_weights(self.trainer.named_weights())
+        self.policy_version += 1
+        return {"updated": True, "update_seconds": time.perf_counter() - t0,
+                "skipped_episodes": float(skipped), "train_episodes": float(len(rows)),
+                "policy_version": self.policy_version, **metrics}
+
+    # -- 4. checkpoint ---------------------------------------------------------------------
+    def export(self, out_dir: str | Path) -> Path:
+        """Write the current policy as an HF folder (loads with ``from_pretrained``)."""
+        if self._trainer is not None:
+            return self._trainer.save_hf(out_dir, self.tokenizer)
+        out = Path(out_dir)
+        self.engine.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        return out

@@ -1,0 +1,196 @@
+"""The multi-turn rollout loop.
+
+Each turn makes **one** batched ``generate`` over every live episode, then steps all their
+environments concurrently in a thread pool (N episodes whose environment takes L ms a step
+cost about L per turn, not N*L). Token-in, token-out: the ids and log-probs the engine sampled
+are stored as they are; template glue and observations are appended as ids with mask 0.
+
+Episode outcome: reward = sum of step rewards (or the last one, where the adapter reports a
+running score with ``info["reward_is_cumulative"]``), clipped to [0, 1]. An environment fault
+(``InfraError``) marks the episode ``infra_error``; it stops, keeps no reward, and the
+advantage step leaves it out of every baseline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.chat import ChatFormatter
+from agentgym.engines.base import InferenceEngine, SamplingParams
+from agentgym.types import Episode, Turn
+from env_adapters.base import InfraError, StepResult, TextEnv
+
+
+@dataclass
+class EpisodeSpec:
+    """What to play: one episode of ``task_id`` in environment ``env``."""
+
+    env: str
+    task_id: int
+    seed: int
+    group_id: str
+    episode_id: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutSettings:
+    horizon: int
+    max_new_tokens: int = 48
+    max_context_tokens: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    stop: list[str] = field(default_factory=list)
+    env_workers: int = 16
+    seed: int = 0
+    system_prompt: str | None = None
+
+
+@dataclass
+class _Live:
+    ep: Episode
+    env: TextEnv | None
+    observation: str = ""
+    done: bool = False
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """Generation seed of one turn, derived from the rollout seed (explicit, reproducible)."""
+    digest = hashlib.sha256(f"{seed}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _safe(fn: Callable[[], Any]) -> tuple[Any, str | None]:
+    try:
+        return fn(), None
+    except InfraError as e:
+        return None, f"infra: {e}"
+    except Exception as e:  # noqa: BLE001 - an adapter crash is an infra fault, not reward 0
+        return None, f"infra: {type(e).__name__}: {e}"
+
+
+def run_episodes(
+    engine: InferenceEngine,
+    formatter: ChatFormatter,
+    specs: list[EpisodeSpec],
+    settings: RolloutSettings,
+    make_env: Callable[..., TextEnv],
+    on_turn: Callable[[int, int], None] | None = None,
+) -> list[Episode]:
+    """Play every episode in ``specs`` to termination, the horizon or the context limit."""
+    lives = [
+        _Live(Episode(s.episode_id, s.group_id, s.env, s.task_id, s.seed, settings.horizon), None)
+        for s in specs
+    ]
+    workers = max(1, min(settings.env_workers, len(specs)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env") as pool:
+
+        def start(i: int) -> tuple[Any, str | None]:
+            spec = specs[i]
+
+            def _open() -> tuple[TextEnv, str, dict]:
+                env = make_env(spec.env, **spec.env_kwargs)
+                lives[i].env = env
+                obs, info = env.reset(spec.task_id, spec.seed)
+                return env, obs, info
+
+            return _safe(_open)
+
+        for live, (res, err) in zip(lives, pool.map(start, range(len(specs)))):
+            if err:
+                _fail(live, err)
+                continue
+            env, obs, _ = res
+            system = settings.system_prompt if settings.system_prompt is not None else env.system_prompt()
+            live.ep.append(formatter.start(system or None, obs), sampled=False)
+            live.observation = obs
+
+        try:
+            for turn in range(settings.horizon):
+                active = [lv for lv in lives if not lv.done]
+                if not active:
+                    break
+                fits = []
+                for lv in active:
+                    if len(lv.ep.input_ids) + settings.max_new_tokens > settings.max_context_tokens:
+                        lv.ep.truncated = True  # the first prompt leaves no room for a reply
+                        lv.done = True
+                    else:
+                        fits.append(lv)
+                if not fits:
+                    break
+                params = SamplingParams(
+                    max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                    top_p=settings.top_p, greedy=settings.greedy,
+                    stop_token_ids=formatter.end_of_turn_ids, stop_strings=list(settings.stop),
+                    seed=turn_seed(settings.seed, turn),
+                )
+                samples = engine.generate([lv.ep.input_ids for lv in fits], params)
+                replies = []
+                for lv, sample in zip(fits, samples):
+                    lv.ep.append(sample.token_ids, sampled=True, logprobs=sample.logprobs)
+                    replies.append(formatter.reply_text(sample.token_ids))
+
+                def step(j: int) -> tuple[tuple[StepResult, float] | None, str | None]:
+                    t0 = time.perf_counter()
+                    res, err = _safe(lambda: fits[j].env.step(replies[j]))  # type: ignore[union-attr]
+                    return (res, (time.perf_counter() - t0) * 1000.0) if res else None, err
+
+                for j, (out, err) in enumerate(pool.map(step, range(len(fits)))):
+                    lv = fits[j]
+                    if err:
+                        _fail(lv, err)
+                        continue
+                    res, latency = out
+                    last_turn = turn + 1 == settings.horizon
+                    truncated = bool(res.truncated) or (last_turn and not res.terminated)
+                    lv.ep.turns.append(Turn(
+                        turn=turn, observation=lv.observation, action_text=replies[j],
+                        parsed_action=res.info.get("parsed_action"), reward=float(res.reward),
+                        terminated=bool(res.terminated), truncated=truncated,
+                        format_error=bool(res.info.get("format_error", False)),
+                        gen_tokens=len(samples[j].token_ids), env_latency_ms=latency,
+                    ))
+                    # Most adapters reward the step; SciWorld-style servers report a running
+                    # score, whose last value is the episode's outcome.
+                    total = float(res.reward) if res.info.get("reward_is_cumulative") else lv.ep.reward + float(res.reward)
+                    lv.ep.reward = min(1.0, max(0.0, total))
+                    if res.info.get("success"):
+                        lv.ep.success = True
+                    if res.terminated or truncated:
+                        lv.ep.terminated, lv.ep.truncated = bool(res.terminated), truncated
+                        lv.done = True
+                        continue
+                    glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
+                    if len(lv.ep.input_ids) + len(glue) + settings.max_new_tokens > settings.max_context_tokens:
+                        # no room for the next observation and a reply: cut here, like the horizon
+                        lv.ep.truncated = lv.ep.turns[-1].truncated = True
+                        lv.done = True
+                        continue
+                    lv.ep.append(glue, sampled=False)
+                    lv.observation = res.observation
+                if on_turn:
+                    on_turn(turn, len(fits))
+        finally:
+            for lv in lives:
+                if lv.env is not None:
+                    _safe(lv.env.close)
+    for lv in lives:
+        if not lv.ep.infra_error and lv.ep.reward >= 1.0:
+            lv.ep.success = True
+        lv.ep.validate()
+    return [lv.ep for lv in lives]
+
+
+def _fail(live: _Live, err: str) -> None:
+    live.ep.infra_error = True
+    live.ep.error = err
+    live.ep.reward = 0.0  # kept out of baselines and losses via infra_error, never scored
+    live.ep.success = False
+    live.done = True

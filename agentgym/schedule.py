@@ -1,0 +1,47 @@
+"""ScalingInter-RL schedule: which stage (and horizon) a global step belongs to.
+
+The stage is a pure function of the global step, so a run resumed at step ``k`` lands in
+exactly the stage an uninterrupted run would be in at step ``k`` (AgentGym-RL's scheduler
+counts one step off after a resume; this one cannot, because it keeps no state).
+
+Global steps count RL iterations from 0 across all stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentgym.config import StageSpec
+
+
+@dataclass(frozen=True)
+class StagePosition:
+    stage: int  # 0-based stage index
+    horizon: int
+    iteration: int  # 0-based iteration inside the stage
+    global_step: int
+
+
+def total_steps(stages: list[StageSpec]) -> int:
+    return sum(s.iterations for s in stages)
+
+
+def stage_start(stages: list[StageSpec], index: int) -> int:
+    """Global step at which stage ``index`` starts."""
+    return sum(s.iterations for s in stages[:index])
+
+
+def position(stages: list[StageSpec], global_step: int) -> StagePosition:
+    """Stage, horizon and in-stage iteration of ``global_step``."""
+    if global_step < 0:
+        raise ValueError(f"global_step must be >= 0, got {global_step}")
+    start = 0
+    for i, spec in enumerate(stages):
+        if global_step < start + spec.iterations:
+            return StagePosition(i, spec.horizon, global_step - start, global_step)
+        start += spec.iterations
+    raise ValueError(f"global_step {global_step} is past the schedule ({start} steps)")
+
+
+def horizon_at(stages: list[StageSpec], global_step: int) -> int:
+    return position(stages, global_step).horizon

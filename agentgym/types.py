@@ -1,0 +1,73 @@
+"""The records that cross component boundaries: one episode, one turn.
+
+``Episode`` is the unit the rollout produces, the store writes (``episodes`` table), and the
+trainer consumes. Its token columns are the *exact* ids the engine saw and sampled:
+
+* ``input_ids``   the whole conversation (prompt, replies, observations, template glue)
+* ``loss_mask``   1 where the token was sampled by the policy, 0 elsewhere (prompt,
+                  observations, forced response prefixes, template glue)
+* ``old_logprobs`` the engine's log-prob of each sampled token under the sampling
+                  distribution (logits / temperature); 0.0 where ``loss_mask`` is 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Turn:
+    turn: int
+    observation: str  # what the agent saw before acting
+    action_text: str  # the reply as text (response prefix + decoded sampled tokens)
+    parsed_action: str | None
+    reward: float
+    terminated: bool
+    truncated: bool
+    format_error: bool
+    gen_tokens: int
+    env_latency_ms: float
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    group_id: str
+    env: str
+    task_id: int
+    seed: int
+    horizon: int
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    old_logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    infra_error: bool = False
+    error: str | None = None
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    def append(self, ids: list[int], *, sampled: bool, logprobs: list[float] | None = None) -> None:
+        """Append tokens; ``sampled`` tokens must come with their engine log-probs."""
+        if sampled:
+            if logprobs is None or len(logprobs) != len(ids):
+                raise ValueError("sampled tokens need one log-prob each")
+            self.old_logprobs.extend(float(x) for x in logprobs)
+        else:
+            self.old_logprobs.extend([0.0] * len(ids))
+        self.input_ids.extend(int(t) for t in ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+
+    def validate(self) -> None:
+        n = len(self.input_ids)
+        if not (len(self.loss_mask) == len(self.old_logprobs) == n):
+            raise ValueError(f"episode {self.episode_id}: token columns differ in length")
+        if any(lp != 0.0 for lp, m in zip(self.old_logprobs, self.loss_mask) if m == 0):
+            raise ValueError(f"episode {self.episode_id}: log-prob on a masked token")
+        if not 0.0 <= self.reward <= 1.0:
+            raise ValueError(f"episode {self.episode_id}: reward {self.reward} outside [0, 1]")

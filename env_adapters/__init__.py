@@ -1,0 +1,33 @@
+"""Text environments for agent RL: in-process adapters and the AgentGym HTTP protocol."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from env_adapters.base import InfraError, StepResult, TextEnv, format_error
+
+# name -> "module:Class". A plain table, not a plugin system: adding an environment is one line.
+ADAPTERS: dict[str, str] = {
+    "keyword": "env_adapters.keyword:KeywordEnv",
+    "babyai": "env_adapters.babyai:BabyAIEnv",
+    "textcraft": "env_adapters.textcraft:TextCraftEnv",
+    # a remote AgentGym server: kwargs {base_url, env_name, dialect}
+    "http": "env_adapters.http_client:HTTPEnv",
+}
+
+
+def make_env(name: str, **kwargs: Any) -> TextEnv:
+    """Instantiate the adapter registered as ``name`` with its keyword arguments."""
+    try:
+        target = ADAPTERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown environment {name!r}; choose one of {sorted(ADAPTERS)}"
+        ) from None
+    module_name, cls_name = target.split(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(**kwargs)
+
+
+__all__ = ["ADAPTERS", "InfraError", "StepResult", "TextEnv", "format_error", "make_env"]

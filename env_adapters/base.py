@@ -1,0 +1,77 @@
+"""The text-environment interface every adapter implements.
+
+Shaped like Gymnasium's ``reset``/``step``: the horizon cap is ``truncated`` (the rollout
+loop owns it), ``terminated`` means the task itself ended (solved or failed for good).
+
+Contract (checked by ``tests/env_adapters/conformance.py`` for every adapter):
+
+* ``reset(task_id, seed)`` returns ``(observation, info)``; the same ``(task_id, seed)`` gives
+  the same observation.
+* ``step(action_text)`` takes the model's *raw reply* and returns a :class:`StepResult`. A reply
+  that cannot be parsed is **never** an exception: the adapter returns a format-error
+  observation, consumes the turn and sets ``info["format_error"] = True``.
+* Rewards are floats in ``[0, 1]``.
+* An infrastructure fault (server down, timeout, crashed simulator) raises :class:`InfraError`;
+  the rollout marks the episode ``infra_error`` and keeps it out of the advantage baseline.
+  It is never turned into a reward of 0.
+* ``close()`` releases every resource (processes, JVMs, sockets) and is idempotent.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class InfraError(RuntimeError):
+    """The environment could not answer (dead server, timeout, crash): not the agent's fault."""
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(abc.ABC):
+    """One episode at a time; create one instance per concurrent episode."""
+
+    #: short name used in configs and in the ``env`` column of the trajectory store
+    name: str = "base"
+
+    @abc.abstractmethod
+    def reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
+        """Start task ``task_id``; returns the first observation and an info dict."""
+
+    @abc.abstractmethod
+    def step(self, action_text: str) -> StepResult:
+        """Apply the model's raw reply; never raises on a malformed reply."""
+
+    def system_prompt(self) -> str:
+        """Instructions shown once at the start of the conversation."""
+        return ""
+
+    def valid_actions(self) -> list[str] | None:
+        """The currently valid actions when the environment can list them (for baselines)."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; safe to call twice."""
+
+    def __enter__(self) -> "TextEnv":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def format_error(message: str, **info: Any) -> StepResult:
+    """The observation returned for a reply the adapter cannot parse: the turn is consumed."""
+    return StepResult(
+        observation=message, reward=0.0, terminated=False, truncated=False,
+        info={"format_error": True, **info},
+    )

@@ -1,0 +1,1 @@
+"""Prefect flows: the ScalingInter-RL pipeline and its stage subflow."""

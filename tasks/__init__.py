@@ -1,0 +1,1 @@
+"""Prefect tasks: thin, typed wrappers over ``agentgym`` library functions."""

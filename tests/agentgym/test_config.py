@@ -1,0 +1,61 @@
+from pathlib import Path
+
+import pytest
+
+from agentgym.config import ConfigError, PipelineConfig, ScheduleConfig, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_valid():
+    cfg = PipelineConfig()
+    assert [s.horizon for s in cfg.stages] == [6, 13, 20]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_shipped_configs_load(name):
+    cfg = load_config(ROOT / "configs" / name)
+    assert len(cfg.stages) >= 1
+
+
+def test_rounds_shorthand_expands():
+    s = ScheduleConfig(rounds=[6, 13, 20], steps_per_stage=4)
+    assert [(x.horizon, x.iterations) for x in s.resolved()] == [(6, 4), (13, 4), (20, 4)]
+
+
+def test_rounds_without_steps_says_how_to_fix():
+    with pytest.raises(ConfigError, match="steps_per_stage"):
+        parse_config({"schedule": {"rounds": [6, 13]}})
+
+
+def test_unknown_field_is_named():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"rollout": {"group_sise": 4}})
+    assert "rollout.group_sise" in str(e.value) and "unknown field" in str(e.value)
+
+
+def test_invalid_value_is_named():
+    with pytest.raises(ConfigError, match="rollout.temperature"):
+        parse_config({"rollout": {"temperature": 0}})
+
+
+def test_grpo_needs_groups():
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        parse_config({"rollout": {"group_size": 1}})
+
+
+def test_gae_without_critic_fails_with_fix():
+    with pytest.raises(ConfigError, match="critic"):
+        parse_config({"algorithm": {"estimator": "gae"}})
+
+
+def test_overrides_apply(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("schedule: {stages: [{horizon: 2, iterations: 1}]}\n")
+    cfg = load_config(p, ["rollout.group_size=8", "envs=[{name: textcraft, tasks: [1]}]"])
+    assert cfg.rollout.group_size == 8 and cfg.envs[0].name == "textcraft"
+
+
+def test_missing_file_is_clear(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,87 @@
+"""The HF engine: seeded, batched with left padding, log-probs of the sampling distribution."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentgym.engines import SamplingParams
+from agentgym.engines.hf import HFEngine, _top_p_filter
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_path))
+
+
+def _prompts(engine):
+    tok = engine.tokenizer
+    return [tok("go to the red ball", add_special_tokens=False)["input_ids"],
+            tok("craft", add_special_tokens=False)["input_ids"],
+            tok("pick up the key and open the door now", add_special_tokens=False)["input_ids"]]
+
+
+def _full_logprobs(model, prompt, reply, temperature):
+    ids = torch.tensor([prompt + reply])
+    logits = model(ids).logits[0, len(prompt) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None]).squeeze(-1)
+
+
+def test_same_seed_same_tokens(engine):
+    p = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+    a = engine.generate(_prompts(engine), p)
+    b = engine.generate(_prompts(engine), p)
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    c = engine.generate(_prompts(engine), SamplingParams(max_new_tokens=12, seed=8))
+    assert [s.token_ids for s in a] != [s.token_ids for s in c]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_full_forward(engine, temperature):
+    prompts = _prompts(engine)
+    samples = engine.generate(prompts, SamplingParams(max_new_tokens=10, temperature=temperature, seed=1))
+    with torch.no_grad():
+        for prompt, s in zip(prompts, samples):
+            ref = _full_logprobs(engine.model, prompt, s.token_ids, temperature)
+            assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-4), (s.logprobs, ref)
+
+
+def test_greedy_batched_equals_single(engine):
+    """Left padding and row dropping must not change any row's result."""
+    prompts = _prompts(engine)
+    p = SamplingParams(max_new_tokens=10, greedy=True)
+    batched = engine.generate(prompts, p)
+    single = [engine.generate([q], p)[0] for q in prompts]
+    assert [s.token_ids for s in batched] == [s.token_ids for s in single]
+
+
+def test_stop_token_ends_reply(engine):
+    prompts = _prompts(engine)
+    free = engine.generate(prompts, SamplingParams(max_new_tokens=10, greedy=True))
+    stop = free[0].token_ids[2]
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=10, greedy=True, stop_token_ids=[stop]))
+    assert out[0].token_ids == free[0].token_ids[: free[0].token_ids.index(stop) + 1]
+    assert out[0].finish_reason == "stop"
+    assert all(len(s.token_ids) <= 10 for s in out)
+
+
+def test_update_weights_changes_outputs(engine, tiny_path):
+    other = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    p = SamplingParams(max_new_tokens=8, greedy=True)
+    before = engine.generate(_prompts(engine), p)
+    with torch.no_grad():
+        for param in other.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+    saved = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    engine.update_weights(other.named_parameters())
+    after = engine.generate(_prompts(engine), p)
+    engine.model.load_state_dict(saved)
+    assert [s.token_ids for s in before] != [s.token_ids for s in after]
+    with pytest.raises(KeyError):
+        engine.update_weights([("nope", torch.zeros(1))])
+
+
+def test_top_p_keeps_nucleus():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    out = _top_p_filter(probs, 0.7)
+    assert torch.allclose(out, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))

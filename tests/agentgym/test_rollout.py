@@ -1,0 +1,135 @@
+"""The multi-turn rollout loop: token-in/token-out, masks, horizon, infra faults, seeds."""
+
+import threading
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentgym.chat import ChatFormatter
+from agentgym.engines.hf import HFEngine
+from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
+from env_adapters import make_env
+from env_adapters.base import InfraError, StepResult, TextEnv
+
+
+@pytest.fixture(scope="module", params=["chatml", "llama3"])
+def setup(request, tiny_path, tiny_llama3_path):
+    path = tiny_path if request.param == "chatml" else tiny_llama3_path
+    tok = AutoTokenizer.from_pretrained(path)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tok)
+    return engine, ChatFormatter(tok)
+
+
+def _specs(n, env="keyword", kwargs=None):
+    return [EpisodeSpec(env, i % 2, 0, f"g{i % 2}", f"e{i}", kwargs or {"target": "zzz"}) for i in range(n)]
+
+
+def test_replies_are_exactly_the_sampled_tokens(setup):
+    engine, fmt = setup
+    eps = run_episodes(engine, fmt, _specs(4), RolloutSettings(horizon=3, max_new_tokens=6, seed=3), make_env)
+    tok = fmt.tokenizer
+    for ep in eps:
+        assert ep.num_turns == 3 and ep.truncated and not ep.terminated and not ep.infra_error
+        sampled = [t for t, m in zip(ep.input_ids, ep.loss_mask) if m == 1]
+        # decoding the mask==1 tokens gives back exactly the replies the model generated
+        per_turn = []
+        i = 0
+        while i < len(ep.loss_mask):
+            if ep.loss_mask[i] == 1:
+                j = i
+                while j < len(ep.loss_mask) and ep.loss_mask[j] == 1:
+                    j += 1
+                per_turn.append(ep.input_ids[i:j])
+                i = j
+            else:
+                i += 1
+        assert len(per_turn) == 3
+        assert [fmt.reply_text(ids) for ids in per_turn] == [t.action_text for t in ep.turns]
+        assert sum(len(x) for x in per_turn) == len(sampled) == sum(t.gen_tokens for t in ep.turns)
+        for lp, m in zip(ep.old_logprobs, ep.loss_mask):
+            assert (lp != 0.0) == (m == 1) or (m == 1 and lp == 0.0)
+        assert all(lp < 0 for lp, m in zip(ep.old_logprobs, ep.loss_mask) if m == 1)
+
+
+def test_same_seed_same_episodes(setup):
+    engine, fmt = setup
+    s = RolloutSettings(horizon=2, max_new_tokens=6, seed=11)
+    a = run_episodes(engine, fmt, _specs(3), s, make_env)
+    b = run_episodes(engine, fmt, _specs(3), s, make_env)
+    assert [e.input_ids for e in a] == [e.input_ids for e in b]
+
+
+def test_success_terminates_and_scores(setup):
+    engine, fmt = setup
+    fmt2 = ChatFormatter(fmt.tokenizer, response_prefix="yes")  # forced prefix always succeeds
+    eps = run_episodes(engine, fmt2, _specs(2, kwargs={"target": "yes"}),
+                       RolloutSettings(horizon=4, max_new_tokens=4), make_env)
+    for ep in eps:
+        assert ep.terminated and not ep.truncated and ep.success and ep.reward == 1.0 and ep.num_turns == 1
+
+
+def test_context_limit_truncates(setup):
+    engine, fmt = setup
+    eps = run_episodes(engine, fmt, _specs(2), RolloutSettings(horizon=50, max_new_tokens=8,
+                                                               max_context_tokens=120), make_env)
+    for ep in eps:
+        assert ep.truncated and ep.num_turns < 50 and len(ep.input_ids) <= 120
+
+
+class _Flaky(TextEnv):
+    """Crashes (infra fault) on task 1's second step; task 0 behaves."""
+
+    name = "flaky"
+
+    def reset(self, task_id, seed=0):
+        self.task, self.n = task_id, 0
+        return "start", {}
+
+    def step(self, action_text):
+        self.n += 1
+        if self.task == 1 and self.n == 2:
+            raise InfraError("server went away")
+        return StepResult("again", 0.0, False)
+
+
+class _Slow(TextEnv):
+    name = "slow"
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def reset(self, task_id, seed=0):
+        return "start", {}
+
+    def step(self, action_text):
+        with _Slow.lock:
+            _Slow.active += 1
+            _Slow.peak = max(_Slow.peak, _Slow.active)
+        time.sleep(0.2)
+        with _Slow.lock:
+            _Slow.active -= 1
+        return StepResult("ok", 0.0, False)
+
+
+def test_infra_error_marks_episode_and_rest_completes(setup):
+    engine, fmt = setup
+    specs = [EpisodeSpec("flaky", t, 0, f"g{t}", f"e{t}-{i}") for t in (0, 1) for i in range(2)]
+    eps = run_episodes(engine, fmt, specs, RolloutSettings(horizon=3, max_new_tokens=4),
+                       lambda name, **kw: _Flaky())
+    bad = [e for e in eps if e.task_id == 1]
+    good = [e for e in eps if e.task_id == 0]
+    assert all(e.infra_error and "server went away" in e.error and e.reward == 0.0 for e in bad)
+    assert all(not e.infra_error and e.num_turns == 3 for e in good)
+
+
+def test_env_steps_run_concurrently(setup):
+    engine, fmt = setup
+    specs = [EpisodeSpec("slow", 0, 0, "g", f"e{i}") for i in range(8)]
+    t0 = time.perf_counter()
+    run_episodes(engine, fmt, specs, RolloutSettings(horizon=2, max_new_tokens=2, env_workers=8),
+                 lambda name, **kw: _Slow())
+    elapsed = time.perf_counter() - t0
+    assert _Slow.peak == 8
+    assert elapsed < 8 * 0.2  # serial stepping alone would take 2 turns * 8 * 0.2 s = 3.2 s

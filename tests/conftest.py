@@ -1,0 +1,46 @@
+"""Shared fixtures: a tiny model built locally (no downloads), quiet single-threaded torch."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Two cores, and other work may share them: one thread is faster and deterministic here.
+torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_path(model_cache):
+    from agentgym.models import tiny_model_path
+
+    return tiny_model_path(model_cache, template="chatml")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_path(model_cache):
+    from agentgym.models import tiny_model_path
+
+    return tiny_model_path(model_cache, template="llama3")

@@ -1,0 +1,192 @@
+"""BabyAI adapter: AgentGym's level mapping, rendering, action table, parsing and reward."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from env_adapters import make_env  # noqa: E402
+from env_adapters.babyai import (  # noqa: E402
+    ASSISTANT_ACK, LEVELS, SEED_STRIDE, SYSTEM_PROMPT, BabyAIEnv, level_for, parse_reply)
+from env_adapters.baselines import random_valid_action_success  # noqa: E402
+
+# AgentGym's all_levels, copied independently of the adapter (agentenv_babyai/environment.py)
+AGENTGYM_LEVELS = (
+    "GoToRedBallGrey GoToRedBall GoToRedBallNoDists GoToObjS6 GoToLocalS8N7 GoToObjMazeS7 "
+    "GoToImpUnlock GoToSeqS5R2 GoToRedBlueBall GoToDoor GoToObjDoor Open OpenRedDoor OpenDoorLoc "
+    "OpenRedBlueDoorsDebug OpenDoorsOrderN4Debug Pickup UnblockPickup PickupLoc PickupDistDebug "
+    "PickupAbove PutNextLocalS6N4 PutNextS7N4Carrying Unlock UnlockLocalDist KeyInBox "
+    "UnlockPickupDist BlockedUnlockPickup UnlockToUnlock ActionObjDoor FindObjS7 KeyCorridorS6R3 "
+    "OneRoomS20 MoveTwoAcrossS8N9 SynthS5R2 SynthLoc SynthSeq MiniBossLevel BossLevel "
+    "BossLevelNoUnlock"
+).split()
+
+# reset(1) -- BabyAI-GoToRedBall-v0, minigrid seed 0 -- as AgentGym's server renders it
+SNAPSHOT_TASK1 = (
+    "Your goal: go to the red ball\n"
+    "In front of you in this room, you can see several objects: "
+    "There is a yellow key 1 1 steps in front of you and 1 steps to your left.  "
+    "There is a grey ball 1 1 steps in front of you and 1 steps to your right.  "
+    "There is a purple key 1 2 steps in front of you and 1 steps to your left.  "
+    "There is a blue key 1 2 steps in front of you and 1 steps to your right.  "
+    "There is a red box 1 2 steps in front of you and 2 steps to your right.  "
+    "There is a grey ball 2 5 steps in front of you and 1 steps to your right.  "
+    "There is a green key 1 4 steps in front of you and 2 steps to your right.  "
+    "There is a red ball 1 4 steps in front of you and 3 steps to your right.  "
+    "The room has walls around you. You are facing a wall 6 steps away. "
+    "You are not carrying anything.\n"
+    'Available actions: ["turn left", "turn right", "move forward", "pickup yellow key 1", '
+    '"pickup grey ball 1", "pickup purple key 1", "pickup blue key 1", "pickup red box 1", '
+    '"pickup grey ball 2", "pickup green key 1", "pickup red ball 1", "go to yellow key 1", '
+    '"go to grey ball 1", "go to purple key 1", "go to blue key 1", "go to red box 1", '
+    '"go to grey ball 2", "go to green key 1", "go to red ball 1", "check available actions"]'
+)
+SNAPSHOT_TASK1_SOLVED = (
+    "In front of you in this room, you can see several objects: "
+    "There is a red ball 1 right in front of you 1 steps away.  "
+    "There is a green key 1 1 steps in front of you and 1 steps to your left.  "
+    "There is a grey ball 1 2 steps in front of you and 2 steps to your left.  "
+    "The room has walls around you. You are facing a wall 3 steps away. "
+    "You are not carrying anything.\n The task is completed.\n"
+    'Available actions: ["turn left", "turn right", "move forward", "pickup red ball 1", '
+    '"pickup green key 1", "pickup grey ball 1", "go to red ball 1", "go to green key 1", '
+    '"go to grey ball 1", "check available actions"]'
+)
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = BabyAIEnv()
+    yield e
+    e.close()
+
+
+def test_registered_and_levels_match_agentgym():
+    assert make_env("babyai").name == "babyai"
+    assert len(LEVELS) == 40
+    for i, short in enumerate(AGENTGYM_LEVELS, start=1):
+        version = "v1" if short == "GoToObjS6" else "v0"  # minigrid 3 only registers GoToObjS6-v1
+        assert LEVELS[i] == f"BabyAI-{short}-{version}"
+
+
+def test_task_mapping_0_to_79(env):
+    for data_idx in range(80):
+        level, seed = level_for(data_idx)
+        assert (level, seed) == (LEVELS[data_idx % 40 + 1], data_idx // 40)
+        obs, info = env.reset(data_idx)
+        assert info["level"] == level and info["minigrid_seed"] == seed
+        assert obs.startswith("Your goal: ") and "\nAvailable actions: [" in obs
+    # seed offsets the AgentGym seed without colliding with another task's seed
+    _, info = env.reset(41, seed=3)
+    assert info["minigrid_seed"] == 1 + 3 * SEED_STRIDE
+
+
+def test_rendering_snapshot(env):
+    obs, info = env.reset(1)
+    assert obs == SNAPSHOT_TASK1
+    assert info["mission"] == "go to the red ball" and info["success"] is False
+    assert env.valid_actions()[-1] == "check available actions"
+    r = env.step("Thought:\nThe red ball is ahead on my right.\n\nAction:\ngo to red ball 1")
+    assert r.observation == SNAPSHOT_TASK1_SOLVED
+    assert r.terminated and not r.truncated and r.info["success"] is True
+    # AgentGym's reward: minigrid's 1 - 0.9 * step_count / max_steps for the compound action
+    assert r.reward == pytest.approx(0.8875)
+    assert r.info["parsed_action"] == "go to red ball 1"
+
+
+def test_mission_rewrite_then_and_after_you(env):
+    for data_idx in range(40):
+        _, info = env.reset(data_idx)
+        assert " then " not in info["mission"] and "after you" not in info["mission"]
+
+
+@pytest.mark.parametrize("task_id", [0, 1, 2, 3, 40, 41, 42, 43, 80, 81, 82])
+def test_gold_goto_policy_reaches_reward(env, task_id):
+    """Scripted policy: issue `go to <mission object>` when listed, else turn left."""
+    _, info = env.reset(task_id)
+    m = re.match(r"go to (?:the|a) (\w+) (\w+)$", info["mission"])
+    assert m, info["mission"]
+    for _ in range(8):
+        wanted = [a for a in env.valid_actions() if a.startswith(f"go to {m[1]} {m[2]} ")]
+        r = env.step("Thought:\nI go.\n\nAction:\n" + (wanted[0] if wanted else "turn left"))
+        if r.terminated:
+            break
+    assert r.terminated and r.info["success"]
+    assert 0.5 < r.reward <= 1.0
+
+
+def test_invalid_actions_are_agentgym_messages(env):
+    env.reset(1)
+    before = env.valid_actions()
+    r = env.step("Action: fly to the moon")
+    assert r.observation.startswith(
+        "The action is not recognized. Please check valid actions.\nAvailable actions: [")
+    assert r.info["invalid_action"] is True and r.info["format_error"] is False
+    assert r.reward == 0.0 and not r.terminated
+    r = env.step("Action: drop")
+    assert r.observation.startswith(
+        "You cannot drop the object, as you are not carrying anything.\n")
+    assert r.info["invalid_action"] is True
+    r = env.step("Action: check available actions")
+    assert r.observation.startswith("You can take the following actions: turn left, turn right")
+    assert r.info["invalid_action"] is False
+    assert env.valid_actions() == before  # nothing moved
+
+
+def test_lenient_parsing(env):
+    assert parse_reply("Thought: x\nAction: Turn Left.") == ("turn left", "")
+    assert parse_reply("**Action:** `go to red ball 1`") == ("go to red ball 1", "")
+    assert parse_reply("Action: turn left\nAction:\n  Move   Forward  \n") == ("move forward", "")
+    assert parse_reply("action : turn right</s>") == ("turn right", "")
+    assert parse_reply("turn right") == ("turn right", "")  # AgentGym sends a bare reply as is
+    assert parse_reply("I think\nI should turn")[0] is None
+    for junk in ["", "   ", "\x00\x01", "Action:", "Action:  \n ", "x" * 2001]:
+        assert parse_reply(junk)[0] is None, junk
+    env.reset(1)
+    r = env.step("Thought: pick it.\nAction: Pick up red ball 1.")  # the prompt's spelling
+    assert r.info["parsed_action"] == "pickup red ball 1" and not r.info["invalid_action"]
+    assert "You are carrying a red ball." in r.observation
+
+
+def test_format_errors_consume_the_turn(env):
+    env.reset(1)
+    for junk in ["", "\x00\x01", "x" * 5000, "Action:"]:
+        r = env.step(junk)
+        assert r.info["format_error"] is True and r.reward == 0.0 and not r.terminated
+        assert r.observation.startswith("Invalid format")
+        assert "Available actions: [" in r.observation
+    assert env.step("Action: go to red ball 1").terminated  # the episode is still playable
+
+
+def test_prompt_is_agentgym(env):
+    assert env.system_prompt() == SYSTEM_PROMPT
+    assert SYSTEM_PROMPT.startswith("You are an exploration master")
+    assert SYSTEM_PROMPT.endswith("Thought:\n<Your Thought>\n\nAction:\n<Your Action>")
+    assert ASSISTANT_ACK.startswith("OK.")
+
+
+def test_seed_changes_layout_deterministically():
+    a, b = BabyAIEnv(), BabyAIEnv()
+    try:
+        assert a.reset(16, seed=5)[0] == b.reset(16, seed=5)[0]
+        assert a.reset(16, seed=0)[0] != a.reset(16, seed=5)[0]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_random_valid_action_baseline():
+    res = random_valid_action_success("babyai", range(40), horizon=10, seed=0)
+    print(f"\nBabyAI random-valid-action success, tasks 0..39, horizon 10: "
+          f"{res['successes']}/{res['episodes']} = {res['success_rate']:.0%}")
+    assert res["episodes"] == 40
+    assert 0.05 <= res["success_rate"] <= 0.6
+    # the GoTo levels (tasks 1..4) are the easy ones for this floor
+    assert sum(res["per_task"][t] for t in range(1, 5)) >= 2
