@@ -187,35 +187,40 @@ class PolicyTrainer:
         return out
 
     # -- update ----------------------------------------------------------------------------
-    def _micro_loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        lp, ent = token_logprobs(self.engine, mb, self.temperature, self.algo.entropy_coef != 0)
+    def _micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+        agg = {"loss_agg": self.algo.loss_agg, "norm_length": norm_length}
+        lp, ent = token_logprobs(self.module, mb, self.temperature, with_entropy=True)
         loss, m = A.policy_loss(
             lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
             clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
-            dual_clip=self.algo.dual_clip, loss_agg=self.algo.loss_agg,
+            dual_clip=self.algo.dual_clip, **agg,
         )
         metrics = {"policy_loss": float(loss.detach()), **m}
-        if ent is not None:
-            ent_term = A.aggregate_loss(ent, mb.loss_mask, self.algo.loss_agg)
+        ent_term = A.aggregate_loss(ent, mb.loss_mask, self.algo.loss_agg, norm_length=norm_length)
+        metrics["entropy"] = float(ent_term.detach())
+        if self.algo.entropy_coef:
             loss = loss - self.algo.entropy_coef * ent_term
-            metrics["entropy"] = float(ent_term.detach())
-        else:
-            with torch.no_grad():
-                metrics["entropy"] = float("nan")
         if self.ref is not None:
             with torch.no_grad():
                 ref_lp, _ = token_logprobs(self.ref, mb, self.temperature, False)
             kl = A.kl_penalty(lp, ref_lp, self.algo.kl_estimator)
-            kl_term = A.aggregate_loss(kl, mb.loss_mask, self.algo.loss_agg)
+            kl_term = A.aggregate_loss(kl, mb.loss_mask, self.algo.loss_agg, norm_length=norm_length)
             loss = loss + self.algo.kl_coef * kl_term
             metrics["kl"] = float(kl_term.detach())
         return loss, metrics
 
     def _weight(self, mb: TrainBatch, mini: TrainBatch) -> float:
-        # Token-mean losses weigh micro-batches by tokens, sequence-mean ones by sequences.
-        if self.algo.loss_agg == "token-mean":
+        """Share of the mini-batch loss one micro-batch carries, so that the sum of weighted
+        micro-batch losses equals the mini-batch loss exactly for every aggregation mode."""
+        mode = self.algo.loss_agg
+        if mode == "token-mean":
             return float(mb.loss_mask.sum() / mini.loss_mask.sum().clamp(min=1))
-        return len(mb) / len(mini)
+        if mode == "seq-mean-token-mean":  # rows without policy tokens are left out
+            rows = lambda b: float((b.loss_mask.sum(-1) > 0).sum())  # noqa: E731
+            return rows(mb) / max(rows(mini), 1.0)
+        if mode == "seq-mean-token-sum":
+            return len(mb) / len(mini)
+        return 1.0  # seq-mean-token-sum-norm is a sum over rows with a fixed divisor
 
     def train_on_batch(self, batch: TrainBatch, seed: int = 0) -> dict[str, float]:
         """``ppo_epochs`` passes x ``mini_batches`` optimizer steps over ``batch``."""
@@ -233,7 +238,7 @@ class PolicyTrainer:
                 for k, idx in enumerate(micro):
                     mb = mini.select(idx)
                     self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-                    loss, m = self._micro_loss(mb)
+                    loss, m = self._micro_loss(mb, norm_length=batch.input_ids.shape[1])
                     self.engine.backward(loss * self._weight(mb, mini), scale_wrt_gas=False)
                     for key, v in m.items():
                         history.setdefault(key, []).append(v)

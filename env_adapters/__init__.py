@@ -12,6 +12,9 @@ ADAPTERS: dict[str, str] = {
     "keyword": "env_adapters.keyword:KeywordEnv",
     "babyai": "env_adapters.babyai:BabyAIEnv",
     "textcraft": "env_adapters.textcraft:TextCraftEnv",
+    "sciworld": "env_adapters.sciworld:SciWorldEnv",
+    "textworld": "env_adapters.textworld_express:TextWorldExpressEnv",
+    "deepsearch": "env_adapters.deepsearch:DeepSearchEnv",
     # a remote AgentGym server: kwargs {base_url, env_name, dialect}
     "http": "env_adapters.http_client:HTTPEnv",
 }

@@ -11,6 +11,12 @@ os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
+import tempfile  # noqa: E402
+
+# Prefect keeps its temporary server's SQLite DB under PREFECT_HOME: one per test session.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="agentgym-prefect-"))
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -1,0 +1,109 @@
+"""The whole pipeline as a real Prefect flow on a temporary local server, with real MLflow."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentgym.config import parse_config
+
+TURN_COLUMNS = {"episode_id", "turn", "observation", "action_text", "parsed_action", "reward",
+                "terminated", "truncated", "format_error", "gen_tokens", "env_latency_ms"}
+EPISODE_COLUMNS = {"run_id", "stage", "iteration", "episode_id", "group_id", "env", "task_id", "seed",
+                   "horizon", "num_turns", "terminated", "truncated", "reward", "success", "infra_error",
+                   "policy_version", "created_at", "input_ids", "loss_mask", "old_logprobs"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, model_cache):
+    from flows.train import scaling_inter_rl
+
+    tmp = tmp_path_factory.mktemp("flow")
+    cfg = parse_config({
+        "run_id": "flow-test", "seed": 1,
+        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        # a dense single-turn reward (so updates move weights) mixed with a multi-turn task
+        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "aeiou", "mode": "char_share"}},
+                 {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "yes"}}],
+        "rollout": {"tasks_per_iteration": 4, "group_size": 2, "max_new_tokens": 6},
+        "trainer": {"learning_rate": 1e-3, "bf16": False},
+        "algorithm": {"skip_tied_groups": False},  # keep updates happening on a zero-reward task
+        "schedule": {"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 3, "iterations": 2}]},
+        "store": {"root": str(tmp / "store")},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "flow-test"},
+    })
+    state = scaling_inter_rl(cfg, return_state=True)
+    return cfg, state.result(), state.state_details.flow_run_id, tmp
+
+
+def test_turns_table_with_pandas(run):
+    cfg, result, _, _ = run
+    turns = pd.read_parquet(f"{result['store']}/turns")
+    episodes = pd.read_parquet(f"{result['store']}/episodes")
+    assert TURN_COLUMNS <= set(turns.columns) and EPISODE_COLUMNS <= set(episodes.columns)
+    assert len(episodes) == 4 * 4 * 2  # 4 iterations x 4 tasks x 2 samples
+    # one row per turn
+    assert turns.groupby("episode_id").size().sort_index().tolist() == \
+        episodes.set_index("episode_id")["num_turns"].sort_index().tolist()
+    stage1 = pd.read_parquet(f"{result['store']}/episodes", filters=[("stage", "=", 1)])
+    assert (stage1["horizon"] == 3).all() and stage1["num_turns"].max() <= 3
+    assert (episodes.loc[episodes["stage"].astype(int) == 0, "num_turns"] == 1).all()
+
+
+def test_tokens_reproduce_replies(run, model_cache):
+    from agentgym.chat import ChatFormatter
+    from agentgym.models import tiny_model_path
+
+    cfg, result, _, _ = run
+    tok = AutoTokenizer.from_pretrained(tiny_model_path(model_cache))
+    fmt = ChatFormatter(tok)
+    episodes = pd.read_parquet(f"{result['store']}/episodes")
+    turns = pd.read_parquet(f"{result['store']}/turns")
+    for ep in episodes.itertuples():
+        ids, mask, lps = np.asarray(ep.input_ids), np.asarray(ep.loss_mask), np.asarray(ep.old_logprobs)
+        assert (lps[mask == 0] == 0).all() and (lps[mask == 1] < 0).all()
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+        replies = [fmt.reply_text(ids[a:b].tolist()) for a, b in zip(edges[::2], edges[1::2])]
+        expected = turns[turns.episode_id == ep.episode_id].sort_values("turn")["action_text"].tolist()
+        assert replies == expected
+
+
+def test_mlflow_runs_metrics_and_checkpoint(run):
+    cfg, result, _, _ = run
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    parent = client.get_run(result["mlflow_run_id"])
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs([parent.info.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted((c.data.params["stage"], c.data.params["horizon"]) for c in children) == [("0", "1"), ("1", "3")]
+    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "reward_mean")]
+    assert steps == [0, 1, 2, 3]
+    for key in ("success_rate", "turns_per_episode", "format_error_rate", "policy_loss", "entropy",
+                "clipfrac", "grad_norm", "gen_tokens_per_s"):
+        assert client.get_metric_history(parent.info.run_id, key), key
+    ckpt = result["stages"][-1]["checkpoint"]
+    local = Path(ckpt.replace("file://", ""))
+    model = AutoModelForCausalLM.from_pretrained(local)
+    tiny = AutoModelForCausalLM.from_pretrained(
+        __import__("agentgym.models", fromlist=["x"]).tiny_model_path(cfg.model.cache_dir))
+    changed = any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny.state_dict().values()))
+    assert changed, "checkpoint should hold trained (changed) weights"
+
+
+def test_prefect_records_flow_and_stage_subflows(run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    _, _, flow_run_id, _ = run
+    with get_client(sync_client=True) as client:
+        parent = client.read_flow_run(flow_run_id)
+        assert parent.state.is_completed()
+        subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        assert sorted(r.name for r in subs) == ["stage-0-horizon-1", "stage-1-horizon-3"]
+        assert all(r.state.is_completed() for r in subs)
+        assert sorted(r.parameters["horizon"] for r in subs) == [1, 3]
