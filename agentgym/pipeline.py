@@ -9,6 +9,7 @@ the store, so every step can be retried or resumed on its own.
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +21,11 @@ import torch
 from agentgym import algorithms as A
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
-from agentgym.engines.hf import HFEngine
-from agentgym.models import load_model, resolve_model
+from agentgym.engines import create_engine
+from agentgym.models import resolve_model
 from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
 from agentgym.store import TrajectoryStore
-from agentgym.training import PolicyTrainer, TrainBatch
+from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
 from agentgym.types import Episode
 from env_adapters import make_env
 
@@ -83,8 +84,7 @@ class PolicySession:
         self.run_id = run_id
         self.base_model = resolve_model(cfg.model.name_or_path, cfg.model.cache_dir)
         self.weights = Path(weights) if weights else self.base_model
-        model, self.tokenizer = load_model(self.weights, cfg.model.dtype)
-        self.engine = HFEngine(model, self.tokenizer)
+        self.engine, self.tokenizer = create_engine(cfg.rollout.engine, self.weights, cfg.model.dtype)
         self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
         self._trainer: PolicyTrainer | None = None
@@ -93,7 +93,7 @@ class PolicySession:
     @property
     def trainer(self) -> PolicyTrainer:
         if self._trainer is None:  # built on first update: evaluation-only sessions skip it
-            self._trainer = PolicyTrainer(
+            self._trainer = create_trainer(
                 self.weights, self.tokenizer, self.cfg.trainer, self.cfg.algorithm,
                 temperature=self.cfg.rollout.temperature, seed=self.cfg.seed,
             )
@@ -214,7 +214,9 @@ class PolicySession:
         """Write the current policy as an HF folder (loads with ``from_pretrained``)."""
         if self._trainer is not None:
             return self._trainer.save_hf(out_dir, self.tokenizer)
-        out = Path(out_dir)
-        self.engine.model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
+        out = Path(out_dir)  # no update yet: the weights are the ones the session loaded
+        out.mkdir(parents=True, exist_ok=True)
+        for f in Path(self.weights).iterdir():
+            if f.is_file():
+                shutil.copy2(f, out / f.name)
         return out

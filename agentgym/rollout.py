@@ -131,7 +131,8 @@ def run_episodes(
                     stop_token_ids=formatter.end_of_turn_ids, stop_strings=list(settings.stop),
                     seed=turn_seed(settings.seed, turn),
                 )
-                samples = engine.generate([lv.ep.input_ids for lv in fits], params)
+                samples = engine.generate([lv.ep.input_ids for lv in fits], params,
+                                          cache_keys=[lv.ep.episode_id for lv in fits])
                 replies = []
                 for lv, sample in zip(fits, samples):
                     lv.ep.append(sample.token_ids, sampled=True, logprobs=sample.logprobs)
@@ -175,9 +176,11 @@ def run_episodes(
                         continue
                     lv.ep.append(glue, sampled=False)
                     lv.observation = res.observation
+                engine.release(lv.ep.episode_id for lv in fits if lv.done)
                 if on_turn:
                     on_turn(turn, len(fits))
         finally:
+            engine.release(lv.ep.episode_id for lv in lives)
             for lv in lives:
                 if lv.env is not None:
                     _safe(lv.env.close)

@@ -251,3 +251,17 @@ class PolicyTrainer:
         out = {k: float(np.nanmean(v)) if not all(np.isnan(v)) else float("nan") for k, v in history.items()}
         out["optimizer_steps"] = float(steps)
         return out
+
+
+def create_trainer(
+    model_path: str | Path,
+    tokenizer: PreTrainedTokenizerBase,
+    trainer: TrainerConfig,
+    algorithm: AlgorithmConfig,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> PolicyTrainer:
+    """The trainer for ``trainer.world_size``: in-process at 1 (multi-rank: see docs)."""
+    if trainer.world_size != 1:
+        raise NotImplementedError("trainer.world_size > 1 is not available yet")
+    return PolicyTrainer(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)

@@ -34,8 +34,16 @@ class Sample:
 
 
 class InferenceEngine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
-        """Generate one reply per prompt (prompts are token ids, no padding)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 cache_keys: list[str] | None = None) -> list[Sample]:
+        """Generate one reply per prompt (prompts are token ids, no padding).
+
+        ``cache_keys`` names each prompt's conversation; an engine may keep its KV cache so
+        that the conversation's next, longer prompt only prefills the new tokens.
+        """
+
+    def release(self, keys: Iterable[str]) -> None:
+        """Drop any state kept for the conversations ``keys``."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights before the next rollout."""

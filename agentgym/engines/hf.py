@@ -1,15 +1,26 @@
 """Batched sampling with transformers on CPU (or one GPU): the default rollout engine.
 
-A hand-written decode loop instead of ``model.generate`` so that the log-probs are exactly
-those of the sampling distribution (``log_softmax(logits / T)``), sampling is seeded through
-an explicit ``torch.Generator`` (same seed + same prompts -> same tokens), and rows that finish
-early leave the batch (their KV-cache rows are dropped) instead of burning compute.
+A hand-written decode loop instead of ``model.generate`` so that
+
+* the log-probs are exactly those of the sampling distribution (``log_softmax(logits / T)``);
+* sampling is seeded through an explicit ``torch.Generator`` (same seed + prompts -> same tokens);
+* rows that finish early leave the batch (their KV-cache rows are dropped);
+* **the KV cache of a conversation is kept across turns** (``cache_keys``): the next turn's
+  prompt extends the previous one, so only the new tokens (last reply token, template glue,
+  observation) are prefilled instead of the whole conversation. Prefill is what dominates a
+  multi-turn rollout on CPU; keeping the cache makes a turn cost O(new tokens), not O(context).
+
+Batch layout when cached prefixes are reused (per row, left to right):
+``[pad][cached prefix K/V][pad][new prompt tokens]`` with a 2-D attention mask that is 0 on
+the pads and explicit position ids, so rows with different cached and new lengths share one
+forward pass.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -27,12 +38,21 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
+@dataclass
+class _Prefix:
+    tokens: list[int]  # the ids whose keys/values are stored
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (kv_heads, len, head_dim)
+
+
 class HFEngine:
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, keep_cache: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.keep_cache = keep_cache
         self.generated_tokens = 0  # running count, for throughput metrics
+        self.prefilled_tokens = 0  # tokens actually run through prefill (cache misses)
+        self._prefixes: dict[str, _Prefix] = {}
         # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         params = inspect.signature(type(model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -49,45 +69,106 @@ class HFEngine:
                 if name not in params:
                     raise KeyError(f"update_weights: unknown parameter {name!r}")
                 params[name].copy_(tensor.to(params[name].dtype))
+        self._prefixes.clear()  # cached keys/values belong to the old weights
+
+    def release(self, keys: Iterable[str]) -> None:
+        """Forget the cached conversations ``keys`` (their episodes ended)."""
+        for k in keys:
+            self._prefixes.pop(k, None)
 
     def close(self) -> None:
+        self._prefixes.clear()
         self.model = None  # type: ignore[assignment]
 
     def _stopped_by_string(self, ids: list[int], stops: list[str]) -> bool:
-        tail = self.tokenizer.decode(ids[-16:], skip_special_tokens=True)
-        return any(s in tail for s in stops)
+        # Leading whitespace does not count: "Action:" + "\n" + "go to ..." is not an empty reply.
+        body = self.tokenizer.decode(ids, skip_special_tokens=True).lstrip()
+        return any(s in body for s in stops)
+
+    def _forward(self, ids, attn, pos, cache) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                         **{self._cache_kw: cache})
+        return out.logits[:, -1, :].float()
+
+    def _prefill(self, prompts: list[list[int]], keys: list[str] | None):
+        """Build the batch's cache and return (logits of the last prompt token, cache, attn, next_pos)."""
+        device = self.device
+        n = len(prompts)
+        reuse = [0] * n
+        hits: list[_Prefix | None] = [None] * n
+        if keys is not None and self.keep_cache:
+            for i, (p, k) in enumerate(zip(prompts, keys)):
+                pre = self._prefixes.get(k)
+                if pre is not None and len(pre.tokens) < len(p) and p[: len(pre.tokens)] == pre.tokens:
+                    reuse[i], hits[i] = len(pre.tokens), pre
+        width_c = max(reuse)
+        new = [p[c:] for p, c in zip(prompts, reuse)]
+        width_n = max(len(x) for x in new)
+        ids = torch.full((n, width_n), self.pad_id, dtype=torch.long)
+        attn_n = torch.zeros((n, width_n), dtype=torch.long)
+        for i, x in enumerate(new):  # left padding: every row's next token is at the end
+            ids[i, width_n - len(x):] = torch.tensor(x)
+            attn_n[i, width_n - len(x):] = 1
+        pos = (attn_n.cumsum(-1) - 1).clamp(min=0) + torch.tensor(reuse)[:, None]
+        attn_c = torch.zeros((n, width_c), dtype=torch.long)
+        cache = DynamicCache()
+        if width_c:
+            layers = len(next(h for h in hits if h is not None).kv)
+            ref_k, ref_v = next(h for h in hits if h is not None).kv[0]
+            data = []
+            for layer in range(layers):
+                k = ref_k.new_zeros((n, ref_k.shape[0], width_c, ref_k.shape[-1]))
+                v = ref_v.new_zeros((n, ref_v.shape[0], width_c, ref_v.shape[-1]))
+                for i, h in enumerate(hits):
+                    if h is not None:
+                        k[i, :, width_c - reuse[i]:] = h.kv[layer][0]
+                        v[i, :, width_c - reuse[i]:] = h.kv[layer][1]
+                data.append((k.to(device), v.to(device)))
+            cache = DynamicCache(ddp_cache_data=data)
+            for i, c in enumerate(reuse):
+                attn_c[i, width_c - c:] = 1
+        attn = torch.cat([attn_c, attn_n], dim=-1).to(device)
+        self.prefilled_tokens += sum(len(x) for x in new)
+        logits = self._forward(ids.to(device), attn, pos.to(device), cache)
+        return logits, cache, attn, pos[:, -1:].to(device) + 1
+
+    def _save(self, key: str, tokens: list[int], cache: DynamicCache, row: int, attn_row: torch.Tensor) -> None:
+        valid = attn_row.bool()
+        kv = [(layer.keys[row][:, valid].clone(), layer.values[row][:, valid].clone()) for layer in cache.layers]
+        if kv and kv[0][0].shape[1] == len(tokens):
+            self._prefixes[key] = _Prefix(tokens, kv)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 cache_keys: list[str] | None = None) -> list[Sample]:
+        """One reply per prompt. With ``cache_keys`` (one per prompt, e.g. the episode id), the
+        keys/values of each conversation are kept for its next, longer prompt."""
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
-        device = self.device
+        if cache_keys is not None and len(cache_keys) != len(prompts):
+            raise ValueError("generate: cache_keys needs one key per prompt")
+        keys = cache_keys if self.keep_cache else None
         n = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every row's next token is at the end
-            input_ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
-        input_ids, attn = input_ids.to(device), attn.to(device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits, cache, attn, next_pos = self._prefill(prompts, keys)
+        device = self.device
         gen = torch.Generator(device="cpu").manual_seed(int(params.seed))
         stop_ids = set(params.stop_token_ids)
-
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lps: list[list[float]] = [[] for _ in range(n)]
         reasons: list[str] = ["length"] * n
         alive = torch.arange(n)  # original row index of each row still in the batch
-        cache = DynamicCache()
-        logits = self.model(
-            input_ids=input_ids, attention_mask=attn, position_ids=positions,
-            use_cache=True, **{self._cache_kw: cache},
-        ).logits[:, -1, :].float()
-        next_pos = positions[:, -1:] + 1
 
-        for _ in range(params.max_new_tokens):
+        def save_rows(rows_in_batch: list[int]) -> None:
+            if keys is None:
+                return
+            for j in rows_in_batch:
+                row = int(alive[j])
+                # the cache holds the prompt and every sampled token but the last (not yet fed)
+                self._save(keys[row], prompts[row] + out_ids[row][:-1], cache, j, attn[j])
+
+        for step in range(params.max_new_tokens):
             logp = torch.log_softmax(logits / params.temperature, dim=-1)
             if params.greedy:
                 tok = logp.argmax(-1)
@@ -96,6 +177,7 @@ class HFEngine:
                 tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(device)
             tok_lp = logp.gather(-1, tok[:, None]).squeeze(-1)
             keep: list[int] = []
+            done: list[int] = []
             for j, row in enumerate(alive.tolist()):
                 t = int(tok[j])
                 out_ids[row].append(t)
@@ -104,19 +186,19 @@ class HFEngine:
                     params.stop_strings and self._stopped_by_string(out_ids[row], params.stop_strings)
                 ):
                     reasons[row] = "stop"
+                    done.append(j)
                 else:
                     keep.append(j)
-            if not keep or len(out_ids[int(alive[keep[0]])]) >= params.max_new_tokens:
+            if not keep or step + 1 >= params.max_new_tokens:
+                save_rows(list(range(len(alive))))
                 break
-            if len(keep) < len(alive):  # drop finished rows from the batch and the KV cache
+            if done:  # drop finished rows from the batch and the KV cache
+                save_rows(done)
                 sel = torch.tensor(keep, device=device)
                 cache.batch_select_indices(sel)
                 alive, tok, attn, next_pos = alive[sel.cpu()], tok[sel], attn[sel], next_pos[sel]
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=-1)
-            logits = self.model(
-                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                use_cache=True, **{self._cache_kw: cache},
-            ).logits[:, -1, :].float()
+            logits = self._forward(tok[:, None], attn, next_pos, cache)
             next_pos = next_pos + 1
 
         self.generated_tokens += sum(len(x) for x in out_ids)

@@ -85,3 +85,34 @@ def test_top_p_keeps_nucleus():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     out = _top_p_filter(probs, 0.7)
     assert torch.allclose(out, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+
+
+def test_kept_cache_across_turns_matches_full_prefill(tiny_path):
+    """Turn 2 reuses turn 1's keys/values: same tokens and log-probs as prefilling everything."""
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    cached, fresh = HFEngine(model, tok, keep_cache=True), HFEngine(model, tok, keep_cache=False)
+    prompts = _prompts(cached)
+    keys = ["a", "b", "c"]
+    p = SamplingParams(max_new_tokens=6, seed=5)
+    convs = [list(x) for x in prompts]
+    for turn in range(3):
+        a = cached.generate(convs, p, cache_keys=keys)
+        b = fresh.generate(convs, p, cache_keys=keys)
+        assert [s.token_ids for s in a] == [s.token_ids for s in b]
+        for sa, sb in zip(a, b):
+            assert torch.allclose(torch.tensor(sa.logprobs), torch.tensor(sb.logprobs), atol=1e-4)
+        # the next prompt: conversation + reply + observation of a different length per row
+        obs = [tok(f"observation {turn} " * (k + 1), add_special_tokens=False)["input_ids"] for k in range(3)]
+        convs = [c + s.token_ids + o for c, s, o in zip(convs, a, obs)]
+    assert cached.prefilled_tokens < fresh.prefilled_tokens / 2
+    cached.release(keys)
+    assert not cached._prefixes
+
+
+def test_stop_string_ignores_leading_whitespace(engine):
+    tok = engine.tokenizer
+    nl = tok("\n", add_special_tokens=False)["input_ids"]
+    word = tok(" go", add_special_tokens=False)["input_ids"]
+    assert not engine._stopped_by_string(nl, ["\n"])
+    assert engine._stopped_by_string(nl + word + nl, ["\n"])

@@ -23,6 +23,7 @@ CASES = {
     # TextCraft: depth 1, 1, 2, 3, 4
     "textcraft": [0, 50, 300, 420, 540],
     "keyword": [0, 1, 2],
+    "deepsearch": [0, 1, 2, 100, 490],  # train questions; 490 is the last
 }
 
 

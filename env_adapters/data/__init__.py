@@ -1,0 +1,1 @@
+"""Data shipped with the environment adapters, and the scripts that build it."""
