@@ -82,8 +82,8 @@ def train(
 
     def hook(event: str, data: dict) -> None:
         if event == "start":
-            bar["it"] = tqdm(total=data["total"], desc=f"run {data['run_id']}", unit="iter",
-                             file=sys.stderr, dynamic_ncols=True)
+            bar["it"] = tqdm(total=data["total"], initial=data.get("done", 0), desc=f"run {data['run_id']}",
+                             unit="iter", file=sys.stderr, dynamic_ncols=True)
         elif event == "iteration" and "it" in bar:
             m = data["metrics"]
             bar["it"].set_postfix(stage=data["stage"], horizon=data["horizon"],
@@ -110,7 +110,8 @@ def _print_summary(result: dict, seconds: float) -> None:
         table.add_row(str(s["stage"]), str(s["horizon"]), str(s["iterations"]),
                       f"{s['success_rate']:.3f}", f"{s['final_success_rate']:.3f}", f"{s['reward_mean']:.3f}")
     out.print(table)
-    out.print(f"run id:        {result['run_id']}")
+    out.print(f"run id:        {result['run_id']}"
+              + (f" (resumed at step {result['resumed_from_step']})" if result.get("resumed_from_step") else ""))
     out.print(f"trajectories:  {result['store']}")
     out.print(f"MLflow:        {result['tracking_uri']} (experiment '{result['experiment']}', "
               f"run {result['mlflow_run_id']}); UI: mlflow ui --backend-store-uri {result['tracking_uri']}")

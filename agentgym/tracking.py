@@ -11,16 +11,33 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunStatus
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
 TAG_RUN = "agentgym.run_id"
 TAG_KIND = "agentgym.kind"
 TAG_STAGE = "agentgym.stage"
 TAG_DONE = "agentgym.stage_finished"
+TAG_CKPT = "agentgym.last_checkpoint"
+TAG_CKPT_STEP = "agentgym.last_checkpoint_step"
+# config fields that may change when a run is resumed (they do not change what is trained)
+RESUME_MUTABLE = ("run_id", "tracking.", "store.storage_options", "rollout.env_workers")
+
+
+class ResumeConflict(ValueError):
+    """A run id was reused with a config that trains something else."""
+
+
+@dataclass
+class CheckpointRef:
+    artifact_uri: str
+    global_step: int  # iterations completed when it was taken
+    stage_run_id: str
+    meta: dict[str, Any]
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -51,6 +68,7 @@ class Tracker:
         """The parent run of pipeline ``run_id`` (created, with the config as params, once)."""
         found = self._find(**{TAG_RUN: run_id, TAG_KIND: "pipeline"})
         if found:
+            self._check_same_config(found, run_id, flatten(config))
             self.client.update_run(found, status="RUNNING")
             return found
         run = self.client.create_run(self.experiment_id, run_name=run_id,
@@ -61,6 +79,17 @@ class Tracker:
             self.client.log_batch(run.info.run_id, params=[Param(k, v[:6000]) for k, v in items[i:i + 90]])
         self.client.log_text(run.info.run_id, json.dumps(config, indent=2), "config.json")
         return run.info.run_id
+
+    def _check_same_config(self, mlflow_run_id: str, run_id: str, params: dict[str, str]) -> None:
+        logged = self.client.get_run(mlflow_run_id).data.params
+        diff = [k for k, v in params.items()
+                if k in logged and logged[k] != v[:6000] and not k.startswith(RESUME_MUTABLE)]
+        if diff:
+            shown = ", ".join(f"{k}: {logged[k]!r} -> {params[k]!r}" for k in diff[:5])
+            raise ResumeConflict(
+                f"run {run_id!r} was started with a different config ({shown}); resume it with "
+                "its original config, or start a new run (a new run_id)"
+            )
 
     def stage_run(self, parent: str, run_id: str, index: int, horizon: int, iterations: int) -> str:
         found = self._find(**{TAG_RUN: run_id, TAG_KIND: "stage", TAG_STAGE: str(index)})
@@ -90,6 +119,9 @@ class Tracker:
     def finish_pipeline(self, parent: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(parent, status)
 
+    def logged_steps(self, mlflow_run_id: str, key: str = "reward_mean") -> set[int]:
+        return {m.step for m in self.client.get_metric_history(mlflow_run_id, key)}
+
     def log_metrics(self, mlflow_run_id: str, metrics: dict[str, Any], step: int) -> None:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
@@ -103,6 +135,31 @@ class Tracker:
         path = f"checkpoints/step-{step:06d}"
         self.client.log_artifacts(mlflow_run_id, str(folder), path)
         self.client.log_dict(mlflow_run_id, {"global_step": step, **(meta or {})}, f"{path}/agentgym_checkpoint.json")
-        self.client.set_tag(mlflow_run_id, "agentgym.last_checkpoint", path)
+        self.client.set_tag(mlflow_run_id, TAG_CKPT, path)
+        self.client.set_tag(mlflow_run_id, TAG_CKPT_STEP, str(step))
         run = self.client.get_run(mlflow_run_id)
         return f"{run.info.artifact_uri}/{path}"
+
+    def latest_checkpoint(self, run_id: str) -> CheckpointRef | None:
+        """The checkpoint with the highest global step among the run's stage runs."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_id}' and tags.`{TAG_KIND}` = 'stage'")
+        best: CheckpointRef | None = None
+        for r in runs:
+            tags = r.data.tags
+            if TAG_CKPT_STEP not in tags:
+                continue
+            step = int(tags[TAG_CKPT_STEP])
+            if best is None or step > best.global_step:
+                uri = f"{r.info.artifact_uri}/{tags[TAG_CKPT]}"
+                meta = self.client.download_artifacts(r.info.run_id, f"{tags[TAG_CKPT]}/agentgym_checkpoint.json")
+                best = CheckpointRef(uri, step, r.info.run_id, json.loads(open(meta).read()))
+        return best
+
+    def log_trajectory_commit(self, mlflow_run_id: str, table: str, stage: int, iteration: int,
+                              source: str, digest: str, rows: int) -> None:
+        """Lineage: the iteration's committed trajectories as an MLflow dataset input."""
+        ds = Dataset(name=f"{table}/stage={stage}/iteration={iteration}", digest=digest[:36],
+                     source_type="agentgym-trajectory-store",
+                     source=json.dumps({"uri": source, "sha256": digest, "rows": rows}))
+        self.client.log_inputs(mlflow_run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", "training")])])

@@ -38,7 +38,7 @@ which also computes look / inventory / every valid action combination on each st
 unused by AgentGym): same observation, score and completion, ~2-5 ms a step.
 
 **JVM pool.** Every ScienceWorld world lives in its own JVM (py4j; ~1-2 s to start, ~300-400 MB
-resident with the default ``-Xmx512m``). A process-wide :class:`JVMPool` keeps them: an adapter
+resident with the default ``-Xmx256m``). A process-wide :class:`JVMPool` keeps them: an adapter
 leases one on its first ``reset`` and keeps it across resets; ``close()`` hands it back (it is not
 killed) and the next adapter reuses it (``load`` rebuilds the world, so a reused JVM gives the
 same observations as a fresh one). At most ``size`` JVMs live at once (idle + leased; an
@@ -138,8 +138,12 @@ SYSTEM_PROMPT = (
 ASSISTANT_ACK = "OK. I'll follow your instructions and try my best to solve the task."
 
 MAX_REPLY_CHARS = 2000
+SIMPLIFICATIONS = frozenset({"easy", "teleportAction", "selfWateringFlowerPots", "openContainers",
+                             "openDoors", "noElectricalAction"})
 INVALID_ACTION_TEXT = "No known action matches that input."
-DEFAULT_JAVA_OPTS = ("-Xmx512m", "-XX:+UseSerialGC")
+#: The simulator's live heap is ~30 MB after a GC; 256 MB leaves room for gold-path generation
+#: (128 MB is too little for it) and keeps a JVM at ~350 MB resident.
+DEFAULT_JAVA_OPTS = ("-Xmx256m", "-XX:+UseSerialGC")
 
 
 def task_for(data_idx: int) -> tuple[str, str, int]:
@@ -331,7 +335,7 @@ class JVMPool(Generic[J]):
                 raise
             if not isinstance(e, Exception):
                 raise
-            raise InfraError(f"{self.name}: could not start a JVM: {type(e).__name__}: {e}") from e
+            raise InfraError(f"{self.name}: could not start a JVM: {describe_error(e)}") from e
         with self._cond:
             self._objs[id(jvm)] = jvm
             self._leased.add(id(jvm))
@@ -400,6 +404,16 @@ class JVMPool(Generic[J]):
                           if (p := getattr(getattr(j, "_proc", None), "pid", None)))
 
 
+def describe_error(e: BaseException, limit: int = 300) -> str:
+    """``Type: message`` of a simulator error, safely: formatting a ``Py4JJavaError`` asks the
+    JVM for the Java stack trace, which itself raises when the JVM is dead."""
+    try:
+        text = " ".join(str(e).split())
+    except Exception:  # noqa: BLE001
+        text = "(no message: the JVM did not answer)"
+    return f"{type(e).__name__}: {text[:limit]}"
+
+
 def _env_float(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, default))
@@ -463,10 +477,14 @@ class ScienceWorldJVM(ScienceWorldEnv):
             pass
 
 
+def _env_java_opts(var: str, default: tuple[str, ...]) -> list[str]:
+    opts = os.environ.get(var)
+    return shlex.split(opts) if opts is not None else list(default)
+
+
 def _make_sciworld_jvm() -> ScienceWorldJVM:
-    opts = os.environ.get("SCIWORLD_JAVA_OPTS")
-    java_opts = shlex.split(opts) if opts is not None else list(DEFAULT_JAVA_OPTS)
-    return ScienceWorldJVM(java_opts, _env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0))
+    return ScienceWorldJVM(_env_java_opts("SCIWORLD_JAVA_OPTS", DEFAULT_JAVA_OPTS),
+                           _env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0))
 
 
 POOL: JVMPool[ScienceWorldJVM] = JVMPool(
@@ -494,12 +512,10 @@ def configure_pool(*, size: int | None = None, max_idle: int | None = None,
         timeout = call_timeout_s
 
         def factory() -> ScienceWorldJVM:
-            jvm_opts = opts
-            if jvm_opts is None:
-                env_opts = os.environ.get("SCIWORLD_JAVA_OPTS")
-                jvm_opts = shlex.split(env_opts) if env_opts is not None else list(DEFAULT_JAVA_OPTS)
-            t = timeout if timeout is not None else _env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0)
-            return ScienceWorldJVM(jvm_opts, t)
+            return ScienceWorldJVM(
+                opts if opts is not None else _env_java_opts("SCIWORLD_JAVA_OPTS",
+                                                             DEFAULT_JAVA_OPTS),
+                timeout if timeout is not None else _env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0))
 
         POOL.factory = factory
     return POOL.stats()
@@ -531,6 +547,10 @@ class SciWorldEnv(TextEnv):
         ``simplifications``: ScienceWorld's comma-separated list (AgentGym: none).
         ``gold_path``: also generate the gold action sequence at reset (slower; for tests and
         scripted baselines: :meth:`gold_actions`). ``pool``: a private :class:`JVMPool`."""
+        unknown = {x for x in simplifications.split(",") if x} - SIMPLIFICATIONS
+        if unknown:
+            raise ValueError(f"unknown ScienceWorld simplifications {sorted(unknown)}; "
+                             f"choose from {sorted(SIMPLIFICATIONS)}")
         self.max_reply_chars = max_reply_chars
         self.step_limit = step_limit
         self.simplifications = simplifications
@@ -562,11 +582,12 @@ class SciWorldEnv(TextEnv):
                 look, score, completed, moves = jvm.fast_step("look around")
                 break
             except Exception as e:  # noqa: BLE001 - any simulator fault is infrastructure
+                why = describe_error(e)  # before the JVM goes
                 self._drop_jvm()
                 if attempt == 1:
-                    raise InfraError(f"sciworld: reset of {task_name} #{variation} failed: "
-                                     f"{type(e).__name__}: {e}") from e
-                log.warning("sciworld: reset failed on a pooled JVM (%s); retrying", e)
+                    raise InfraError(
+                        f"sciworld: reset of {task_name} #{variation} failed: {why}") from e
+                log.warning("sciworld: reset failed on a pooled JVM (%s); retrying", why)
         self.task = {"task_id": int(task_id), "seed": int(seed), "task_code": code,
                      "task_name": task_name, "variation": variation}
         self.score = score
@@ -601,9 +622,10 @@ class SciWorldEnv(TextEnv):
         try:
             obs, score, completed, moves = jvm.fast_step(action)
         except Exception as e:  # noqa: BLE001 - crash, timeout, Java exception
+            why = describe_error(e)
             self._drop_jvm()
             self._ready = False
-            raise InfraError(f"sciworld: step {action!r} failed: {type(e).__name__}: {e}") from e
+            raise InfraError(f"sciworld: step {action!r} failed: {why}") from e
         self._valid = None
         self.score, self.moves = score, moves
         terminated = truncated = False
@@ -626,9 +648,10 @@ class SciWorldEnv(TextEnv):
             try:
                 self._valid = list(self._jvm.get_valid_action_object_combinations())
             except Exception as e:  # noqa: BLE001
+                why = describe_error(e)
                 self._drop_jvm()
                 self._ready = False
-                raise InfraError(f"sciworld: listing valid actions failed: {e}") from e
+                raise InfraError(f"sciworld: listing valid actions failed: {why}") from e
         return list(self._valid)
 
     def gold_actions(self) -> list[str]:

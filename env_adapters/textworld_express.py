@@ -21,7 +21,8 @@ Not part of AgentGym; the adapter follows the AgentGym conventions of its siblin
   ``info["success"]`` is the game's ``tasksuccess``. The package's move limit (``step_limit``,
   default 100) ends the episode as ``truncated``.
 * **Actions.** The ReAct reply is parsed like SciWorld's (text after the last ``Action:``, first
-  line, lower-cased, ``[a-z0-9 -]``); any parsed action is sent (``help`` repeats the task); one
+  line, lower-cased, ``[a-z0-9 -]``), then given the case of the valid action it matches (the
+  games compare case-sensitively: ``take TV remote control``); any parsed action is sent (``help`` repeats the task); one
   the game does not understand gets its ``Unknown action: ...`` answer and
   ``info["invalid_action"]``.
 
@@ -35,15 +36,14 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
-import shlex
 import threading
 from typing import Any
 
 from textworld_express import TextWorldExpressEnv as _PackageEnv
 
 from env_adapters.base import InfraError, StepResult, TextEnv, format_error
-from env_adapters.sciworld import JVMPool, _env_float, launch_jvm, parse_reply, stop_jvm
+from env_adapters.sciworld import (
+    JVMPool, _env_float, _env_java_opts, describe_error, launch_jvm, parse_reply, stop_jvm)
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,8 @@ class TextWorldExpressJVM(_PackageEnv):
 
 
 def _make_twx_jvm() -> TextWorldExpressJVM:
-    opts = os.environ.get("TWX_JAVA_OPTS")
-    java_opts = shlex.split(opts) if opts is not None else list(DEFAULT_JAVA_OPTS)
-    return TextWorldExpressJVM(java_opts, _env_float("TWX_CALL_TIMEOUT_S", 30.0))
+    return TextWorldExpressJVM(_env_java_opts("TWX_JAVA_OPTS", DEFAULT_JAVA_OPTS),
+                               _env_float("TWX_CALL_TIMEOUT_S", 30.0))
 
 
 POOL: JVMPool[TextWorldExpressJVM] = JVMPool(
@@ -201,11 +200,12 @@ class TextWorldExpressEnv(TextEnv):
             except ValueError:
                 raise
             except Exception as e:  # noqa: BLE001 - any simulator fault is infrastructure
+                why = describe_error(e)  # before the JVM goes
                 self._drop_jvm()
                 if attempt == 1:
-                    raise InfraError(f"textworld: reset of {self.game} task {task_id} failed: "
-                                     f"{type(e).__name__}: {e}") from e
-                log.warning("textworld: reset failed on a pooled JVM (%s); retrying", e)
+                    raise InfraError(
+                        f"textworld: reset of {self.game} task {task_id} failed: {why}") from e
+                log.warning("textworld: reset failed on a pooled JVM (%s); retrying", why)
         self.task = {"task_id": int(task_id), "seed": int(seed), "game": self.game,
                      "params": self.params, "split": self.split, "world_seed": world_seed}
         self.score = float(infos.get("score", 0.0))
@@ -236,6 +236,8 @@ class TextWorldExpressEnv(TextEnv):
                 **{**base, "format_error": True})
             res.reward = self._reward()  # a running score: a bad reply does not erase progress
             return res
+        # the games match actions case-sensitively ("take TV remote control"): restore the case
+        action = next((a for a in self._actions if a.lower() == action), action)
         base["parsed_action"] = action
         jvm = self._jvm
         if jvm is None:
@@ -243,9 +245,10 @@ class TextWorldExpressEnv(TextEnv):
         try:
             obs, _reward, _done, infos = jvm.step(action)
         except Exception as e:  # noqa: BLE001 - crash, timeout, Java exception
+            why = describe_error(e)
             self._drop_jvm()
             self._ready = False
-            raise InfraError(f"textworld: step {action!r} failed: {type(e).__name__}: {e}") from e
+            raise InfraError(f"textworld: step {action!r} failed: {why}") from e
         self.moves += 1
         self.score = float(infos.get("score", 0.0))
         self.success = bool(infos.get("tasksuccess"))

@@ -24,7 +24,7 @@ from agentgym import progress
 from agentgym.config import PipelineConfig
 from agentgym.schedule import position, stage_start, total_steps
 from agentgym.tracking import Tracker
-from tasks.rl import collect_rollouts, compute_advantages, save_checkpoint, update_policy
+from tasks.rl import collect_rollouts, compute_advantages, restore_policy, save_checkpoint, update_policy
 from tasks.runtime import drop_session
 
 ITERATION_METRICS = (
@@ -39,17 +39,35 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
+def _stage_artifact(run_id: str, index: int, horizon: int, history: list[dict[str, Any]],
+                    tracking_uri: str, child: str) -> None:
+    from prefect.artifacts import create_table_artifact
+
+    rows = [{"global_step": h["global_step"], "reward_mean": round(h["reward_mean"], 4),
+             "success_rate": round(h["success_rate"], 4), "turns_per_episode": round(h["turns_per_episode"], 2),
+             "format_error_rate": round(h["format_error_rate"], 4)} for h in history]
+    create_table_artifact(
+        key=f"stage-{index}-{run_id}".lower().replace("_", "-")[:100], table=rows,
+        description=f"ScalingInter-RL run {run_id}, stage {index} (horizon {horizon}). "
+                    f"MLflow child run {child} at {tracking_uri}",
+    )
+
+
 @flow(name="stage", flow_run_name="stage-{index}-horizon-{horizon}", log_prints=True)
 def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index: int,
-               horizon: int, iterations: int) -> dict[str, Any]:
-    """Run one ScalingInter-RL stage: ``iterations`` RL iterations capped at ``horizon`` turns."""
+               horizon: int, iterations: int, start_iteration: int = 0) -> dict[str, Any]:
+    """Run one ScalingInter-RL stage: ``iterations`` RL iterations capped at ``horizon`` turns.
+
+    ``start_iteration`` > 0 resumes the stage after a checkpoint taken mid-stage.
+    """
     logger = get_run_logger()
     tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
     child = tracker.stage_run(parent_mlflow_id, run_id, index, horizon, iterations)
     start = stage_start(config.stages, index)
     every = config.tracking.checkpoint_every
+    already = tracker.logged_steps(child)  # steps a killed attempt logged past its checkpoint
     history: list[dict[str, Any]] = []
-    for it in range(iterations):
+    for it in range(start_iteration, iterations):
         gs = start + it
         pos = position(config.stages, gs)
         assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
@@ -58,9 +76,13 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
         upd = update_policy(config, run_id, index, it, gs)
         metrics = {k: v for part in (rollout, adv, upd) for k, v in part.items() if k in ITERATION_METRICS}
         metrics["horizon"] = horizon
-        tracker.log_metrics(child, metrics, step=gs)
-        tracker.log_metrics(parent_mlflow_id, metrics, step=gs)
-        history.append(metrics)
+        if gs not in already:  # never log a step twice (MLflow would keep both values)
+            tracker.log_metrics(child, metrics, step=gs)
+            tracker.log_metrics(parent_mlflow_id, metrics, step=gs)
+            tracker.log_trajectory_commit(
+                child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
+                rollout["digest"], rollout["rows"])
+        history.append({"global_step": gs, **metrics})
         logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
                     index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
         progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics)
@@ -68,27 +90,52 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             save_checkpoint(config, run_id, child, index, gs + 1)
     checkpoint = save_checkpoint(config, run_id, child, index, start + iterations)
     tracker.finish_stage(child)
+    if history:
+        _stage_artifact(run_id, index, horizon, history, config.tracking.tracking_uri, child)
+    return _stage_summary(tracker, child, index, horizon, iterations, checkpoint)
+
+
+def _stage_summary(tracker: Tracker, child: str, index: int, horizon: int, iterations: int,
+                   checkpoint: str | None) -> dict[str, Any]:
+    """Per-stage numbers from MLflow (so a resumed run reports its whole history)."""
+    success = [m.value for m in sorted(tracker.client.get_metric_history(child, "success_rate"), key=lambda m: m.step)]
+    reward = [m.value for m in tracker.client.get_metric_history(child, "reward_mean")]
     return {
         "stage": index, "horizon": horizon, "iterations": iterations, "mlflow_run_id": child,
         "checkpoint": checkpoint,
-        "success_rate": float(np.nanmean([m["success_rate"] for m in history])),
-        "reward_mean": float(np.nanmean([m["reward_mean"] for m in history])),
-        "final_success_rate": history[-1]["success_rate"],
+        "success_rate": float(np.mean(success)) if success else float("nan"),
+        "reward_mean": float(np.mean(reward)) if reward else float("nan"),
+        "final_success_rate": success[-1] if success else float("nan"),
     }
 
 
 @flow(name="scaling-inter-rl", log_prints=True)
 def scaling_inter_rl(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
-    """Train an agent with the ScalingInter-RL curriculum described by ``config.schedule``."""
+    """Train an agent with the ScalingInter-RL curriculum described by ``config.schedule``.
+
+    Re-running with the same ``config.run_id`` resumes: finished stages are skipped and an
+    unfinished one continues from the run's latest checkpoint, at the global step (and so the
+    stage and horizon) where that checkpoint was taken.
+    """
     run_id = config.run_id or new_run_id()
     config = config.model_copy(update={"run_id": run_id})
     tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
     parent = tracker.pipeline_run(run_id, config.model_dump(mode="json"))
-    progress.report("start", total=total_steps(config.stages), run_id=run_id)
     stages: list[dict[str, Any]] = []
     try:
+        restored = restore_policy(config, run_id)
+        start_step = restored["start_step"]
+        progress.report("start", total=total_steps(config.stages), done=start_step, run_id=run_id)
         for index, spec in enumerate(config.stages):
-            stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations))
+            first = stage_start(config.stages, index)
+            if start_step >= first + spec.iterations:  # finished before: report it, skip it
+                child = tracker.stage_run(parent, run_id, index, spec.horizon, spec.iterations)
+                tracker.finish_stage(child)
+                ckpt = restored["checkpoint"] if start_step == first + spec.iterations else None
+                stages.append(_stage_summary(tracker, child, index, spec.horizon, spec.iterations, ckpt))
+                continue
+            stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
+                                     start_iteration=max(0, start_step - first)))
         tracker.finish_pipeline(parent)
     except BaseException:
         tracker.finish_pipeline(parent, "FAILED")
@@ -98,5 +145,5 @@ def scaling_inter_rl(config: PipelineConfig = PipelineConfig()) -> dict[str, Any
     return {
         "run_id": run_id, "mlflow_run_id": parent, "tracking_uri": config.tracking.tracking_uri,
         "experiment": config.tracking.experiment, "store": f"{config.store.root.rstrip('/')}/{run_id}",
-        "stages": stages,
+        "resumed_from_step": start_step, "stages": stages,
     }

@@ -6,8 +6,13 @@ the data itself goes through the trajectory store, so a retried task reads the s
 
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
+
+import mlflow
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -17,6 +22,34 @@ from agentgym.config import PipelineConfig
 from agentgym.pipeline import IterationRef
 from agentgym.tracking import Tracker
 from tasks.runtime import get_session
+
+RESUME_CACHE = Path("~/.cache/agentgym/resume").expanduser()
+
+
+@task(name="restore_policy", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
+    """Load the run's latest checkpoint (if any) into the session; returns where to resume.
+
+    ``start_step`` is the number of iterations the checkpoint had completed: the pipeline
+    resumes at that global step, whose stage and horizon the schedule fixes.
+    """
+    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    ref = tracker.latest_checkpoint(run_id)
+    if ref is None:
+        get_session(config, run_id)
+        return {"start_step": 0, "checkpoint": None}
+    dst = RESUME_CACHE / run_id / f"step-{ref.global_step:06d}"
+    if not (dst / "config.json").exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".download-", dir=dst.parent))
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=ref.artifact_uri, dst_path=str(staging), tracking_uri=config.tracking.tracking_uri)
+        shutil.rmtree(dst, ignore_errors=True)
+        Path(local).rename(dst)
+        shutil.rmtree(staging, ignore_errors=True)
+    session = get_session(config, run_id, weights=dst)
+    session.policy_version = int(ref.meta.get("policy_version", ref.global_step))
+    return {"start_step": ref.global_step, "checkpoint": ref.artifact_uri}
 
 
 @task(name="collect_rollouts", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -56,8 +89,11 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
     commits = [m.to_dict() for m in session.store.commits("episodes")]
     with tempfile.TemporaryDirectory(prefix="agentgym-ckpt-") as tmp:
         session.export(tmp)
+        # lineage: the config and every trajectory commit that produced these weights
+        Path(tmp, "agentgym_config.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
         return tracker.log_checkpoint(
             mlflow_run_id, tmp, global_step,
             meta={"run_id": run_id, "stage": stage, "policy_version": session.policy_version,
-                  "episode_commits": [c["digest"] for c in commits]},
+                  "episode_commits": [{"stage": c["stage"], "iteration": c["iteration"], "digest": c["digest"]}
+                                      for c in commits]},
         )

@@ -24,13 +24,20 @@ CASES = {
     "textcraft": [0, 50, 300, 420, 540],
     "keyword": [0, 1, 2],
     "deepsearch": [0, 1, 2, 100, 490],  # train questions; 490 is the last
+    # SciWorld: boil #0, power-component #0, find-living-thing #0 (AgentGym data_idx)
+    "sciworld": [0, 1396, 2936],
+    # TextWorldExpress (coin, default params): train seeds 0, 1, 2
+    "textworld": [0, 1, 2],
 }
 
 
 @pytest.mark.parametrize("env_name", sorted(CASES))
 def test_conformance(env_name: str) -> None:
-    if importlib.util.find_spec(f"env_adapters.{env_name}") is None:
-        pytest.skip(f"env_adapters/{env_name}.py is not there yet")
+    from env_adapters import ADAPTERS
+
+    module = ADAPTERS[env_name].split(":")[0]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not there yet")
     report = check_env(lambda: make_env(env_name), CASES[env_name], horizon=5)
     print(f"{env_name}: {report['steps']} steps, {report['ms_per_step']:.2f} ms/step "
           f"(incl. reset), {report['ms_per_reset']:.2f} ms/reset, "

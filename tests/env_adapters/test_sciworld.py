@@ -329,40 +329,52 @@ def test_no_jvm_survives_the_process(tmp_path):
 def test_100_episodes_leak_no_jvm_and_no_memory():
     """100 episodes in a row (2 steps each) over 10 task families, one adapter per episode.
 
-    Tolerances: the set of java children is identical (same pids: one pooled JVM, reused);
-    this process's RSS grows < 25 MB and the JVM's < 64 MB after a 20-episode warm-up (the heap
-    is capped by -Xmx512m, so the JVM cannot creep beyond it anyway).
+    Tolerances, measured after a 50-episode warm-up: the java children are the same processes
+    (one pooled JVM, reused); this process's RSS grows < 25 MB; the JVM's live heap after a
+    full GC grows < 16 MB (a leak in the simulator would show here); the JVM's RSS grows
+    < 64 MB and stays < 512 MB (it creeps while the heap expands lazily toward its -Xmx256m
+    cap: ~280 MB after 20 episodes, ~340-360 MB from about 50 on).
     """
     tasks = [0, 30, 120, 1396, 1436, FIND_LIVING_0, 3536, 4136, LONGEST_LIVED_0, 4615]
     me = psutil.Process()
+    jvms = set()
 
-    def episode(k: int) -> None:
+    def episode(k: int):
         e = SciWorldEnv()
         try:
             e.reset(tasks[k % len(tasks)] + k // len(tasks))
             act(e, "look around")
             act(e, "inventory")
+            jvms.add(e._jvm.pid)
+            return e._jvm
         finally:
             e.close()
 
-    for k in range(20):
-        episode(k)
-    java0 = java_children()
-    rss0 = me.memory_info().rss
-    jrss0 = sum(psutil.Process(p).memory_info().rss for p in java0)
+    def live_heap(jvm) -> int:  # bytes in use after a full GC
+        rt = jvm._gateway.jvm.java.lang.Runtime.getRuntime()
+        jvm._gateway.jvm.java.lang.System.gc()
+        return rt.totalMemory() - rt.freeMemory()
+
+    def sample(jvm, label):
+        java = java_children()
+        stats = (java, me.memory_info().rss, psutil.Process(jvm.pid).memory_info().rss,
+                 live_heap(jvm))
+        print(f"{label}: java {java}, python RSS {stats[1] >> 20} MB, JVM RSS "
+              f"{stats[2] >> 20} MB, JVM live heap {stats[3] >> 20} MB")
+        return stats
+
+    for k in range(50):
+        jvm = episode(k)
+    java0, rss0, jrss0, heap0 = sample(jvm, "after warm-up")
     t0 = time.perf_counter()
     for k in range(100):
-        episode(20 + k)
-        if k % 25 == 24:
-            print(f"episode {k + 1}: java {java_children()}, rss {me.memory_info().rss >> 20} MB, "
-                  f"jvm rss {sum(psutil.Process(p).memory_info().rss for p in java0) >> 20} MB")
+        jvm = episode(50 + k)
+        if k % 25 == 24 and k < 99:
+            sample(jvm, f"episode {k + 1}")
     elapsed = time.perf_counter() - t0
-    java1 = java_children()
-    rss1 = me.memory_info().rss
-    jrss1 = sum(psutil.Process(p).memory_info().rss for p in java1)
-    print(f"100 episodes in {elapsed:.1f} s; java {java0} -> {java1}; python RSS "
-          f"{rss0 >> 20} -> {rss1 >> 20} MB; JVM RSS {jrss0 >> 20} -> {jrss1 >> 20} MB; "
-          f"pool {POOL.stats()}")
-    assert java1 == java0 and len(java1) >= 1
+    java1, rss1, jrss1, heap1 = sample(jvm, "after 100 episodes")
+    print(f"100 episodes in {elapsed:.1f} s ({elapsed * 10:.0f} ms each); pool {POOL.stats()}")
+    assert java1 == java0 and len(jvms) == 1 and jvms <= set(java1)
     assert rss1 - rss0 < 25 << 20
-    assert jrss1 - jrss0 < 64 << 20
+    assert heap1 - heap0 < 16 << 20
+    assert jrss1 - jrss0 < 64 << 20 and jrss1 < 512 << 20

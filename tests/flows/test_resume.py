@@ -1,0 +1,99 @@
+"""Kill -9 a training run in the middle of stage 2, re-run it with the same run id: the result
+has the same iterations per stage as an uninterrupted run, the right horizon everywhere, and no
+duplicated trajectory commits or MLflow metric steps."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = [{"horizon": 1, "iterations": 2}, {"horizon": 2, "iterations": 4}, {"horizon": 3, "iterations": 1}]
+
+
+def _config(tmp: Path, model_cache: str) -> Path:
+    cfg = {
+        "run_id": "resume-test", "seed": 3,
+        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "aeiou", "mode": "char_share"}},
+                 {"name": "keyword", "tasks": [3, 4], "kwargs": {"target": "yes"}}],
+        "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6},
+        "trainer": {"learning_rate": 1e-3, "bf16": False},
+        "schedule": {"stages": STAGES},
+        "store": {"root": str(tmp / "store")},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "resume", "checkpoint_every": 1},
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(cfg: Path, tmp: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "-c", str(cfg)],
+                            cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stage_two_then_resume(tmp_path, model_cache):
+    cfg = _config(tmp_path, model_cache)
+    commits = tmp_path / "store" / "resume-test" / "_commits" / "episodes"
+    proc = _train(cfg, tmp_path)
+    deadline = time.time() + 300
+    # stage 2 (index 1) has committed its second iteration: kill the whole process group
+    while not (commits / "1-1.json").exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "first run never reached stage 2"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    second = _train(cfg, tmp_path)
+    out, _ = second.communicate(timeout=400)
+    assert second.returncode == 0, out
+    assert "resumed at step" in out
+
+    episodes = pd.read_parquet(tmp_path / "store" / "resume-test" / "episodes")
+    episodes["stage"] = episodes["stage"].astype(int)
+    episodes["iteration"] = episodes["iteration"].astype(int)
+    per_stage = episodes.groupby("stage")["iteration"].nunique().to_dict()
+    assert per_stage == {0: 2, 1: 4, 2: 1}
+    for stage, spec in enumerate(STAGES):
+        assert (episodes.loc[episodes.stage == stage, "horizon"] == spec["horizon"]).all()
+    # each (stage, iteration) committed once, with one batch of episodes
+    assert len(episodes) == 7 * 3 * 2
+    assert episodes["episode_id"].is_unique
+    names = sorted(p.name for p in commits.iterdir())
+    assert names == ["0-0.json", "0-1.json", "1-0.json", "1-1.json", "1-2.json", "1-3.json", "2-0.json"]
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("resume")
+    parents = client.search_runs([exp.experiment_id], "tags.`agentgym.kind` = 'pipeline'")
+    assert len(parents) == 1
+    steps = [m.step for m in client.get_metric_history(parents[0].info.run_id, "reward_mean")]
+    assert sorted(steps) == list(range(7))  # no step logged twice, none missing
+    horizons = {m.step: m.value for m in client.get_metric_history(parents[0].info.run_id, "horizon")}
+    assert horizons == {0: 1, 1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 3}
+    stages = client.search_runs([exp.experiment_id], "tags.`agentgym.kind` = 'stage'")
+    assert sorted(r.data.params["horizon"] for r in stages) == ["1", "2", "3"]
+    assert all(r.data.tags.get("agentgym.stage_finished") == "true" for r in stages)
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path, model_cache):
+    from agentgym.tracking import ResumeConflict, Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "conflict")
+    tracker.pipeline_run("r1", {"run_id": "r1", "trainer": {"learning_rate": 1e-3}})
+    tracker.pipeline_run("r1", {"run_id": "r1", "trainer": {"learning_rate": 1e-3},
+                                "tracking": {"tracking_uri": "elsewhere"}})  # allowed
+    with pytest.raises(ResumeConflict, match="trainer.learning_rate"):
+        tracker.pipeline_run("r1", {"run_id": "r1", "trainer": {"learning_rate": 5e-3}})
