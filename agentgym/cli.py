@@ -15,8 +15,10 @@ from rich.table import Table
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentGym-RL on Prefect.")
 models_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
 env_app = typer.Typer(no_args_is_help=True, help="Run environments.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 app.add_typer(models_app, name="models")
 app.add_typer(env_app, name="env")
+app.add_typer(config_app, name="config")
 console = Console(stderr=True)
 
 # Quiet, local-by-default Prefect: a temporary server (SQLite) when none is configured.
@@ -132,6 +134,28 @@ def models_prepare(name: str = typer.Argument(..., help="'smollm2' or 'tiny'"),
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
     print(path)
+
+
+@config_app.command("docs")
+def config_docs() -> None:
+    """Print the configuration reference (docs/configuration.md) generated from the models."""
+    from agentgym.config_docs import config_markdown
+
+    print(config_markdown(), end="")
+
+
+@config_app.command("check")
+def config_check(config: Path = typer.Argument(..., help="YAML config to validate."),
+                 set_: list[str] = typer.Option([], "--set", help="Override a field.")) -> None:
+    """Validate a config file; print the resolved stages or the errors."""
+    from agentgym.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, set_)
+    except ConfigError as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    print("ok:", ", ".join(f"stage {i}: horizon {s.horizon} x {s.iterations}" for i, s in enumerate(cfg.stages)))
 
 
 @env_app.command("serve")

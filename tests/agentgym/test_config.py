@@ -59,3 +59,23 @@ def test_overrides_apply(tmp_path):
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_configuration_reference_is_current():
+    from agentgym.config_docs import config_markdown
+
+    committed = (ROOT / "docs" / "configuration.md").read_text()
+    assert committed == config_markdown(), "run: agentgym config docs > docs/configuration.md"
+
+
+def test_every_field_has_a_description():
+    from pydantic import BaseModel
+
+    def walk(model):
+        for name, f in model.model_fields.items():
+            assert f.description, f"{model.__name__}.{name} has no description"
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann)
+
+    walk(PipelineConfig)

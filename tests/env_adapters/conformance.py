@@ -103,8 +103,13 @@ def check_env(
     task_ids: list[int],
     horizon: int = 5,
     seeds: tuple[int, ...] = (0, 1),
+    check_resources: bool = True,
 ) -> dict[str, Any]:
-    """Run the conformance checks; raises ``AssertionError`` naming the first violation."""
+    """Run the conformance checks; raises ``AssertionError`` naming the first violation.
+
+    ``check_resources=False`` skips the thread/process/fd accounting of ``close()`` (for a
+    client whose server runs in this same process, e.g. the HTTP conformance run).
+    """
     assert task_ids, "give at least one task id"
     report: dict[str, Any] = {"steps": 0, "step_s": 0.0, "resets": 0, "reset_s": 0.0,
                               "max_obs_chars": 0}
@@ -118,7 +123,7 @@ def check_env(
     _run(env, task_ids[0], 0, min(horizon, 2), 0)
     env.close()
     env.close()  # idempotent
-    after = _resources()
+    after = _resources() if check_resources else before
     assert after[0] <= before[0], f"close() left threads behind: {before[0]} -> {after[0]}"
     assert after[1] <= before[1], f"close() left child processes: {before[1]} -> {after[1]}"
     assert after[2] <= before[2], f"close() left file descriptors open: {before[2]} -> {after[2]}"

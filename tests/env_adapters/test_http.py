@@ -88,38 +88,8 @@ def counter_registered(monkeypatch):
 
 # ------------------------------------------------------------------------- server threads
 
+from serving import ServerThread  # noqa: E402
 
-class ServerThread:
-    """uvicorn in a daemon thread on a free loopback port."""
-
-    def __init__(self, app):
-        # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
-        # proto is TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every response
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            assert self.thread.is_alive(), "server thread died during startup"
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        if self.thread.is_alive():  # pragma: no cover - last resort
-            self.server.force_exit = True
-            self.thread.join(timeout=5)
-        self.sock.close()
-        assert not self.thread.is_alive()
 
 
 @pytest.fixture

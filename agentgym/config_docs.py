@@ -1,0 +1,59 @@
+"""Render the configuration reference (docs/configuration.md) from the pydantic models.
+
+The models are the single source of truth: a test fails when the committed reference and the
+models disagree; `agentgym config docs > docs/configuration.md` regenerates it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel
+
+from agentgym.config import PipelineConfig
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None:
+        value = field.default_factory()
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    if hasattr(value, "value"):
+        value = value.value
+    try:
+        return f"`{json.dumps(value, default=lambda o: o.model_dump(mode='json'))}`"
+    except TypeError:
+        return f"`{value}`"
+
+
+def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+    nested: list[tuple[str, type[BaseModel]]] = []
+    out.append(f"\n## `{prefix or 'top level'}`\n")
+    if model.__doc__ and model is not PipelineConfig:
+        out.append(" ".join(model.__doc__.split()) + "\n")
+    out.append("| field | default | description |\n|---|---|---|")
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            nested.append((name, ann))
+        desc = (field.description or "").replace("|", "\\|")
+        out.append(f"| `{name}` | {_default(field)} | {desc} |")
+    for name, sub in nested:
+        _section(sub, f"{prefix}.{name}" if prefix else name, out)
+
+
+def config_markdown() -> str:
+    from agentgym.config import EnvSpec, StageSpec
+
+    out = ["# Configuration reference", "",
+           "Generated from `agentgym/config.py` by `agentgym config docs`; do not edit by hand.",
+           "A YAML file (see `configs/`) or a Prefect parameter holds these fields; unknown fields",
+           "are rejected with the field's name."]
+    _section(PipelineConfig, "", out)
+    _section(EnvSpec, "envs[]", out)
+    _section(StageSpec, "schedule.stages[]", out)
+    return "\n".join(out) + "\n"

