@@ -33,22 +33,29 @@ from env_adapters import make_env
 def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = False) -> list[EpisodeSpec]:
     """The episodes of one iteration: a pure function of (config, global step).
 
-    ``tasks_per_iteration`` tasks are drawn (without replacement while possible) from the
-    environments in proportion to their weights; each task is played ``group_size`` times
-    from the same initial state, which is what GRPO/RLOO baselines compare.
+    ``tasks_per_iteration`` tasks are split across the environments in proportion to their
+    weights (largest remainder, so a mixed batch always holds every environment its share
+    allows), then drawn within each environment without replacement while possible; each task
+    is played ``group_size`` times from the same initial state, which GRPO/RLOO compare.
     """
     rng = random.Random(f"{cfg.seed}:{global_step}:{'eval' if eval_split else 'train'}")
     envs = [e for e in cfg.envs if (e.eval_tasks if eval_split else e.tasks)]
     if not envs:
         return []
-    weights = [e.weight for e in envs]
+    n = cfg.rollout.tasks_per_iteration
+    total = sum(e.weight for e in envs)
+    exact = [n * e.weight / total for e in envs]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(envs)), key=lambda k: (exact[k] - counts[k], rng.random()), reverse=True)
+    for k in order[: n - sum(counts)]:
+        counts[k] += 1
     picks: list[tuple[int, int]] = []
-    for _ in range(cfg.rollout.tasks_per_iteration):
-        k = rng.choices(range(len(envs)), weights=weights)[0]
-        pool = envs[k].eval_tasks if eval_split else envs[k].tasks
-        used = {t for kk, t in picks if kk == k}
-        free = [t for t in pool if t not in used] or list(pool)
-        picks.append((k, rng.choice(free)))
+    for k, count in enumerate(counts):
+        pool = list(envs[k].eval_tasks if eval_split else envs[k].tasks)
+        while count > 0:
+            take = min(count, len(pool))
+            picks.extend((k, t) for t in rng.sample(pool, take))
+            count -= take
     specs = []
     for g, (k, task) in enumerate(picks):
         env = envs[k]
