@@ -6,7 +6,8 @@ cost about L per turn, not N*L). Token-in, token-out: the ids and log-probs the 
 are stored as they are; template glue and observations are appended as ids with mask 0.
 
 Episode outcome: reward = sum of step rewards (or the last one, where the adapter reports a
-running score with ``info["reward_is_cumulative"]``), clipped to [0, 1]. An environment fault
+running score with ``info["reward_is_cumulative"]``), clipped to [0, 1]; each turn's ``reward``
+is its increment, so the turns add up to the outcome. An environment fault
 (``InfraError``) marks the episode ``infra_error``; it stops, keeps no reward, and the
 advantage step leaves it out of every baseline.
 """
@@ -151,17 +152,19 @@ def run_episodes(
                     res, latency = out
                     last_turn = turn + 1 == settings.horizon
                     truncated = bool(res.truncated) or (last_turn and not res.terminated)
+                    # Most adapters reward the step; SciWorld-style ones report a running score.
+                    # Either way the turn records its own increment, so the turns' rewards add
+                    # up to the episode outcome (what turn-level credit assignment needs).
+                    running = lv.ep.reward
+                    total = float(res.reward) if res.info.get("reward_is_cumulative") else running + float(res.reward)
+                    lv.ep.reward = min(1.0, max(0.0, total))
                     lv.ep.turns.append(Turn(
                         turn=turn, observation=lv.observation, action_text=replies[j],
-                        parsed_action=res.info.get("parsed_action"), reward=float(res.reward),
+                        parsed_action=res.info.get("parsed_action"), reward=lv.ep.reward - running,
                         terminated=bool(res.terminated), truncated=truncated,
                         format_error=bool(res.info.get("format_error", False)),
                         gen_tokens=len(samples[j].token_ids), env_latency_ms=latency,
                     ))
-                    # Most adapters reward the step; SciWorld-style servers report a running
-                    # score, whose last value is the episode's outcome.
-                    total = float(res.reward) if res.info.get("reward_is_cumulative") else lv.ep.reward + float(res.reward)
-                    lv.ep.reward = min(1.0, max(0.0, total))
                     if res.info.get("success"):
                         lv.ep.success = True
                     if res.terminated or truncated:

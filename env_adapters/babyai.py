@@ -188,7 +188,11 @@ class BabyAIEnv(TextEnv):
         if env is None:
             import gymnasium
             import minigrid  # noqa: F401  (registers the BabyAI levels)
+            from minigrid.envs.babyai.core import roomgrid_level
 
+            # minigrid prints every rejected level sample ("Sampling rejected: ...") to stdout;
+            # silence that module's print only (swapping sys.stdout would race across threads).
+            roomgrid_level.print = lambda *args, **kwargs: None
             env = gymnasium.make(level, disable_env_checker=True)
             self._envs[level] = env
         self._env = env

@@ -133,3 +133,28 @@ def test_env_steps_run_concurrently(setup):
     elapsed = time.perf_counter() - t0
     assert _Slow.peak == 8
     assert elapsed < 8 * 0.2  # serial stepping alone would take 2 turns * 8 * 0.2 s = 3.2 s
+
+
+class _Running(TextEnv):
+    """Reports a running score (like SciWorld): 0.2, 0.5, then 0.4 (a setback)."""
+
+    name = "running"
+
+    def reset(self, task_id, seed=0):
+        self.k = 0
+        return "start", {}
+
+    def step(self, action_text):
+        score = [0.2, 0.5, 0.4][self.k]
+        self.k += 1
+        return StepResult("ok", score, self.k == 3, False, {"reward_is_cumulative": True})
+
+
+def test_running_score_outcome_is_last_value_and_turns_add_up(setup):
+    engine, fmt = setup
+    eps = run_episodes(engine, fmt, [EpisodeSpec("running", 0, 0, "g", "e0")],
+                       RolloutSettings(horizon=5, max_new_tokens=3), lambda name, **kw: _Running())
+    ep = eps[0]
+    assert ep.reward == pytest.approx(0.4) and ep.terminated
+    assert [round(t.reward, 6) for t in ep.turns] == [0.2, 0.3, -0.1]
+    assert sum(t.reward for t in ep.turns) == pytest.approx(ep.reward)
