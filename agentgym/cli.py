@@ -19,6 +19,9 @@ config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 app.add_typer(models_app, name="models")
 app.add_typer(env_app, name="env")
 app.add_typer(config_app, name="config")
+from agentgym.cli_eval import eval_app  # noqa: E402  (a sub-app in its own module)
+
+app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
 
 # Quiet, local-by-default Prefect: a temporary server (SQLite) when none is configured.

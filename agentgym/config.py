@@ -117,15 +117,81 @@ class AlgorithmConfig(_Strict):
         return self
 
 
+class LoraSettings(_Strict):
+    """LoRA adapters through peft: only the adapters train; the inference engine gets merged weights."""
+
+    r: int = Field(8, ge=1, description="Adapter rank.")
+    alpha: float = Field(16.0, gt=0, description="Adapter scale numerator (the update is alpha / r * B A).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input while training.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Module names that get adapters, e.g. [q_proj, v_proj]; 'all-linear' adapts every "
+        "linear layer except the output head.",
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full beside the adapters (peft's modules_to_save), e.g. "
+        "[norm] for the RMSNorm weights: with tied embeddings the final norm is what lets the logits "
+        "grow. Leave out tied embeddings / lm_head (their merged export would untie them).",
+    )
+
+
 class TrainerConfig(_Strict):
     learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
-    world_size: int = Field(1, ge=1, description="Training ranks (1 runs in the flow's process).")
+    world_size: int = Field(
+        1, ge=1,
+        description="Training ranks: 1 runs in the flow's process; N > 1 starts a resident group of N "
+        "ranks once (torchrun on this host, or the DeepSpeed launcher over `hostfile`) that keeps "
+        "weights and optimizer state in memory between iterations; each rank trains on 1/N of a batch.",
+    )
     bf16: bool = Field(True, description="Train in bf16 (DeepSpeed keeps fp32 master weights).")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="Learning rate after warmup: constant, or cosine decay to lr_min_ratio x lr at "
+        "lr_decay_steps. Steps are optimizer steps (ppo_epochs x mini_batches per iteration), not "
+        "micro-batches: micro-batches of a mini-batch accumulate into one step.",
+    )
+    lr_warmup_steps: int = Field(
+        0, ge=0, description="Optimizer steps of linear warmup (step k uses lr x k / warmup, k = 1..)."
+    )
+    lr_decay_steps: int = Field(
+        0, ge=0,
+        description="cosine: optimizer step (warmup included) at which the decay ends, e.g. "
+        "iterations x ppo_epochs x mini_batches of the whole run. Unused by constant.",
+    )
+    lr_min_ratio: float = Field(0.0, ge=0, le=1, description="cosine: final lr as a share of learning_rate.")
+    lora: LoraSettings | None = Field(
+        None,
+        description="Train LoRA adapters (peft) instead of all weights; None trains all weights. "
+        "Checkpoints hold the adapters; exports and weight syncs are merged full weights.",
+    )
+    hostfile: str | None = Field(
+        None,
+        description="Multi-node (world_size > 1): a DeepSpeed hostfile ('host slots=K' per line, slots "
+        "adding up to world_size) used with the `deepspeed` launcher (pdsh); run the pipeline on the "
+        "first host, give master_addr as its address the others reach, and keep checkpoint and "
+        "export folders on a shared filesystem. None: all ranks on this host (torchrun).",
+    )
+    master_addr: str = Field(
+        "127.0.0.1",
+        description="Address of this host for the ranks' rendezvous and command channel; keep "
+        "127.0.0.1 unless a hostfile puts ranks on other hosts.",
+    )
+
+    @model_validator(mode="after")
+    def _check_lr(self) -> "TrainerConfig":
+        if self.lr_schedule == "cosine" and self.lr_decay_steps <= self.lr_warmup_steps:
+            raise ValueError(
+                f"lr_schedule=cosine needs lr_decay_steps > lr_warmup_steps (got {self.lr_decay_steps} "
+                f"<= {self.lr_warmup_steps}); set lr_decay_steps to the run's optimizer steps "
+                "(iterations x ppo_epochs x mini_batches) or use lr_schedule: constant"
+            )
+        return self
 
 
 class StageSpec(_Strict):
@@ -183,6 +249,12 @@ class TrackingConfig(_Strict):
     checkpoint_every: int = Field(
         0, ge=0, description="Also checkpoint every N global steps (0: only at the end of a stage)."
     )
+    eval_every: int = Field(
+        0, ge=0,
+        description="Evaluate on every env's eval_tasks every N global steps (0: never); metrics "
+        "eval/<env>/<category>/avg_at_<k> on the pipeline run at step N.",
+    )
+    eval_k: int = Field(4, ge=1, description="Samples per held-out task for Avg@k / Pass@k during training.")
 
 
 class PipelineConfig(_Strict):
@@ -193,16 +265,17 @@ class PipelineConfig(_Strict):
     system_prompt: str | None = Field(
         None, description="Override the environment's system prompt (None keeps the adapter's)."
     )
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     envs: list[EnvSpec] = Field(default_factory=lambda: [EnvSpec()], description="Environments.")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout generation.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages and losses.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed policy updates.")
     schedule: ScheduleConfig = Field(
-        default_factory=lambda: ScheduleConfig(rounds=[6, 13, 20], steps_per_stage=3)
+        default_factory=lambda: ScheduleConfig(rounds=[6, 13, 20], steps_per_stage=3),
+        description="ScalingInter-RL stages (horizon and iterations of each).",
     )
-    store: StoreConfig = Field(default_factory=StoreConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig, description="Trajectory store.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking and checkpoints.")
 
     @model_validator(mode="after")
     def _cross(self) -> "PipelineConfig":
@@ -225,8 +298,6 @@ class PipelineConfig(_Strict):
             )
         if self.rollout.engine == "vllm":
             raise ValueError("rollout.engine=vllm is not available in this version; use hf")
-        if self.trainer.world_size != 1:
-            raise ValueError("trainer.world_size > 1 is not available in this version; use 1")
         return self
 
     @property
@@ -257,19 +328,73 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> PipelineConfig
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config dict."""
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML; a number indexes a list, as in
+    ``envs.0.tasks=[1,2]``) to a raw config dict."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like field.path=value")
         key, raw = item.split("=", 1)
-        node = data
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {p} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        set_path(data, key, yaml.safe_load(raw), item)
     return data
+
+
+def set_path(data: dict[str, Any], key: str, value: Any, item: str | None = None) -> None:
+    """Set ``data[a][b]...`` for ``key = "a.b..."``; numbers index lists, missing sections are made."""
+    item = item or f"{key}=..."
+    parts = key.strip().split(".")
+    node: Any = data
+    for i, p in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[:i]) or "<root>"
+        if isinstance(node, list):
+            try:
+                idx = int(p)
+            except ValueError:
+                raise ConfigError(f"override {item!r}: {where} is a list; index it with a number, "
+                                  f"e.g. {where}.0.{'.'.join(parts[i + 1:]) or '...'}") from None
+            if not -len(node) <= idx < len(node):
+                raise ConfigError(f"override {item!r}: {where} has {len(node)} item(s), no index {idx}")
+            if last:
+                node[idx] = value
+                return
+            node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[p] = value
+                return
+            if node.get(p) is None:
+                node[p] = {}
+            node = node[p]
+        else:
+            raise ConfigError(f"override {item!r}: {where} is not a section")
+
+
+def with_overrides(config: PipelineConfig, overrides: list[str] | None) -> PipelineConfig:
+    """``config`` with ``field.path=value`` overrides applied (validated like a config file).
+
+    Setting ``schedule.stages`` drops the config's ``schedule.rounds`` shorthand (and the other
+    way round), so one override replaces a schedule.
+    """
+    if not overrides:
+        return config
+    data = config.model_dump(mode="json", exclude_none=True)
+    keys = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like field.path=value")
+        key, raw = item.split("=", 1)
+        keys.append(key.strip())
+        set_path(data, key, yaml.safe_load(raw), item)
+    sched = data.get("schedule")
+    if isinstance(sched, dict):
+        sets_stages = any(k.startswith("schedule.stages") for k in keys)
+        sets_rounds = any(k.startswith(("schedule.rounds", "schedule.steps_per_stage")) for k in keys)
+        if sets_stages and not sets_rounds:
+            sched.pop("rounds", None)
+            sched.pop("steps_per_stage", None)
+        if sets_rounds and not sets_stages:
+            sched.pop("stages", None)
+    return parse_config(data, source=f"overrides {list(overrides)}")
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:

@@ -51,12 +51,22 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """For a SQLite store, keep artifacts beside the database (``<db dir>/mlartifacts/<exp>``)
+    rather than in ``./mlruns`` of whatever directory the process runs in; None otherwise."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri[len("sqlite:///"):]).expanduser().resolve()
+    return (db.parent / "mlartifacts" / experiment).as_uri()
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str):
         self.uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
+            experiment, artifact_location=default_artifact_location(tracking_uri, experiment))
 
     def _find(self, **tags: str) -> str | None:
         filt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())

@@ -21,10 +21,11 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from agentgym import progress
-from agentgym.config import PipelineConfig
+from agentgym.config import PipelineConfig, with_overrides
 from agentgym.schedule import position, stage_start, total_steps
 from agentgym.tracking import Tracker
 from tasks.rl import collect_rollouts, compute_advantages, restore_policy, save_checkpoint, update_policy
+from tasks.evaluation import evaluate_checkpoint
 from tasks.runtime import drop_session
 
 ITERATION_METRICS = (
@@ -82,6 +83,9 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             tracker.log_trajectory_commit(
                 child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
                 rollout["digest"], rollout["rows"])
+        if config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0:
+            evaluate_checkpoint(config, run_id=run_id, k=config.tracking.eval_k,
+                                mlflow_run_id=parent_mlflow_id, step=gs + 1)
         history.append({"global_step": gs, **metrics})
         logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
                     index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
@@ -110,13 +114,21 @@ def _stage_summary(tracker: Tracker, child: str, index: int, horizon: int, itera
 
 
 @flow(name="scaling-inter-rl", log_prints=True)
-def scaling_inter_rl(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
+def scaling_inter_rl(
+    config: PipelineConfig = PipelineConfig(),  # noqa: B008
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
     """Train an agent with the ScalingInter-RL curriculum described by ``config.schedule``.
+
+    ``overrides`` (``field.path=value``, as ``agentgym train --set``) are applied to ``config``
+    first: Prefect merges run parameters one level deep, so ``--param config=...`` replaces the
+    whole config while ``--param overrides='["rollout.group_size=8"]'`` changes one field.
 
     Re-running with the same ``config.run_id`` resumes: finished stages are skipped and an
     unfinished one continues from the run's latest checkpoint, at the global step (and so the
     stage and horizon) where that checkpoint was taken.
     """
+    config = with_overrides(config, overrides)
     run_id = config.run_id or new_run_id()
     config = config.model_copy(update={"run_id": run_id})
     tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
