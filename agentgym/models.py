@@ -18,6 +18,7 @@ sees a half-written folder and two processes racing to build the same folder are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -272,6 +274,18 @@ def _dtype_kwarg() -> str:
     return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
 
+@contextlib.contextmanager
+def _staging(final: Path) -> Iterator[Path]:
+    """A new hidden sibling folder of ``final`` to build in; removed on exit unless published."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _publish(tmp: Path, final: Path, *, replace: bool = False) -> Path:
     """Rename a finished ``tmp`` folder to ``final``; if another process won the race, keep theirs."""
     if replace and final.exists():
@@ -430,14 +444,9 @@ def tiny_model_path(cache_dir: str | os.PathLike = DEFAULT_CACHE, template: str 
     final = root / f"tiny-{template}-v{_TINY_VERSION}"
     if (final / "config.json").exists():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
-    try:
+    with _staging(final) as tmp:
         build_tiny_model(tmp, template=template)
         return _publish(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,10 +500,8 @@ def prepare_smollm2(
         return final
 
     gguf = smollm2_gguf_path()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
-    t0 = time.perf_counter()
-    try:
+    with _staging(final) as tmp:
+        t0 = time.perf_counter()
         _log(f"preparing SmolLM2 from {gguf} ({gguf.stat().st_size / 2**20:.0f} MiB) -> {final}")
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         template_source = "gguf"
@@ -548,9 +555,6 @@ def prepare_smollm2(
         size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
         _log(f"SmolLM2 ready at {final} ({size / 2**20:.0f} MiB, {time.perf_counter() - t0:.1f}s)")
         return final
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------

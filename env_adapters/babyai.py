@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from env_adapters.base import StepResult, TextEnv, format_error
+from env_adapters.parsing import parse_action
 
 #: AgentGym's ``all_levels`` (agentenv_babyai/environment.py), 1-based.
 LEVELS: dict[int, str] = {
@@ -124,28 +125,15 @@ def parse_reply(reply: str, max_chars: int = MAX_REPLY_CHARS) -> tuple[str | Non
     """Extract the action from a ReAct reply; returns ``(action, "")`` or ``(None, why)``.
 
     The text after the last ``Action:`` (any case), first non-empty line; without the marker a
-    one-line reply is taken as the action (AgentGym sends the whole reply then). Normalised to
-    lower case, ``[a-z0-9 ]`` only (drops quotes, markdown, a trailing period), single spaces.
+    one-line reply is taken as the action (AgentGym sends the whole reply then): see
+    :func:`env_adapters.parsing.parse_action`. Normalised to lower case, ``[a-z0-9 ]`` only
+    (drops quotes, markdown, a trailing period), single spaces.
     """
-    if not isinstance(reply, str):
-        return None, "the reply is not text"
-    if len(reply) > max_chars:
-        return None, f"the reply is longer than {max_chars} characters"
-    text = reply
-    for eos in ("</s>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        text = text.replace(eos, "\n")
-    markers = list(re.finditer(r"action\s*:", text, flags=re.IGNORECASE))
-    if markers:
-        tail = text[markers[-1].end():]
-    elif len([ln for ln in text.splitlines() if ln.strip()]) == 1:
-        tail = text
-    else:
-        return None, 'no "Action:" line'
-    line = next((ln for ln in tail.splitlines() if ln.strip()), "")
-    action = " ".join(re.sub(r"[^a-z0-9 ]+", " ", line.lower()).split())
-    if not action:
-        return None, 'nothing after "Action:"'
-    return action, ""
+    return parse_action(reply, max_chars, _normalise)
+
+
+def _normalise(line: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9 ]+", " ", line.lower()).split())
 
 
 def _actions_suffix(actions: list[str]) -> str:

@@ -27,13 +27,14 @@ for longer than ``idle_timeout_s`` (clients that crashed without ``/close``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -282,6 +283,18 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
         log.warning("%s env error: %s: %s", env_name, type(exc).__name__, exc)
         return JSONResponse({"error": f"{type(exc).__name__}: {exc}", "code": "env_error"})
 
+    def answers_errors(route: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """Any exception of ``route`` becomes the AgentGym error payload (HTTP 200)."""
+
+        @functools.wraps(route)  # FastAPI reads the route's parameters through __wrapped__
+        async def answered(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await route(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                return error(exc)
+
+        return answered
+
     async def body_of(request: Request) -> dict[str, Any]:
         raw = await request.body()
         if not raw.strip():
@@ -310,117 +323,101 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
                 "protocol": "agentgym"}
 
     @app.post("/create")
+    @answers_errors
     async def create(request: Request):
-        try:
-            await body_of(request)  # accepted and ignored (AgentGym clients send various)
-            env_id = await run_in_threadpool(pool.create)
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        await body_of(request)  # accepted and ignored (AgentGym clients send various)
+        env_id = await run_in_threadpool(pool.create)
         return {"id": env_id}
 
     @app.post("/reset")
+    @answers_errors
     async def reset(request: Request):
-        try:
-            body = await body_of(request)
-            env_id = env_id_of(body)
-            task_id = _int_field(body, "data_idx", "idx", "task_id", default=0)
-            seed = _int_field(body, "seed", default=0)
+        body = await body_of(request)
+        env_id = env_id_of(body)
+        task_id = _int_field(body, "data_idx", "idx", "task_id", default=0)
+        seed = _int_field(body, "seed", default=0)
 
-            def run() -> dict[str, Any]:
-                with pool.use(env_id) as slot:
-                    obs, info = slot.env.reset(task_id, seed)
-                    slot.observation, slot.task_id, slot.seed = obs, task_id, seed
-                    slot.steps, slot.done = 0, False
-                    return {"id": env_id, "observation": obs, "reward": 0.0, "done": False,
-                            "info": _jsonable(info)}
+        def run() -> dict[str, Any]:
+            with pool.use(env_id) as slot:
+                obs, info = slot.env.reset(task_id, seed)
+                slot.observation, slot.task_id, slot.seed = obs, task_id, seed
+                slot.steps, slot.done = 0, False
+                return {"id": env_id, "observation": obs, "reward": 0.0, "done": False,
+                        "info": _jsonable(info)}
 
-            return await run_in_threadpool(run)
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        return await run_in_threadpool(run)
 
     @app.post("/step")
+    @answers_errors
     async def step(request: Request):
-        try:
-            body = await body_of(request)
-            env_id = env_id_of(body)
-            action = body.get("action")
-            if action is None:
-                raise EnvRequestError("missing field 'action'", "bad_request")
-            if not isinstance(action, str):
-                action = json.dumps(action)  # the adapter judges it, like any reply
+        body = await body_of(request)
+        env_id = env_id_of(body)
+        action = body.get("action")
+        if action is None:
+            raise EnvRequestError("missing field 'action'", "bad_request")
+        if not isinstance(action, str):
+            action = json.dumps(action)  # the adapter judges it, like any reply
 
-            def run() -> dict[str, Any]:
-                with pool.use(env_id) as slot:
-                    if slot.task_id is None:
-                        raise EnvRequestError(f"environment {env_id}: step before reset",
-                                              "bad_request")
-                    res = slot.env.step(action)
-                    slot.observation = res.observation
-                    slot.steps += 1
-                    slot.done = bool(res.terminated or res.truncated)
-                    return {"observation": res.observation, "reward": float(res.reward),
-                            "done": slot.done, "terminated": bool(res.terminated),
-                            "truncated": bool(res.truncated), "info": _jsonable(res.info)}
+        def run() -> dict[str, Any]:
+            with pool.use(env_id) as slot:
+                if slot.task_id is None:
+                    raise EnvRequestError(f"environment {env_id}: step before reset",
+                                          "bad_request")
+                res = slot.env.step(action)
+                slot.observation = res.observation
+                slot.steps += 1
+                slot.done = bool(res.terminated or res.truncated)
+                return {"observation": res.observation, "reward": float(res.reward),
+                        "done": slot.done, "terminated": bool(res.terminated),
+                        "truncated": bool(res.truncated), "info": _jsonable(res.info)}
 
-            return await run_in_threadpool(run)
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        return await run_in_threadpool(run)
 
     def _get(env_id: int, fn: Callable[[_Slot], Any]) -> Any:
         with pool.use(env_id) as slot:
             return fn(slot)
 
     @app.get("/observation")
+    @answers_errors
     async def observation(id: int | None = None, env_idx: int | None = None):  # noqa: A002
-        try:
-            env_id = _int_field({"id": id, "env_idx": env_idx}, "id", "env_idx")
-            return await run_in_threadpool(_get, env_id, lambda s: s.observation)
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        env_id = _int_field({"id": id, "env_idx": env_idx}, "id", "env_idx")
+        return await run_in_threadpool(_get, env_id, lambda s: s.observation)
 
     prompt_cache: dict[str, str] = {}
 
     @app.get("/system_prompt")
+    @answers_errors
     async def system_prompt(id: int | None = None):  # noqa: A002
-        try:
-            if id is None:  # no instance yet: ask a throwaway one (once)
-                def probe() -> str:
-                    if "prompt" not in prompt_cache:
-                        env = env_adapters.make_env(env_name, **kwargs)
-                        try:
-                            prompt_cache["prompt"] = env.system_prompt()
-                        finally:
-                            env.close()
-                    return prompt_cache["prompt"]
-                return await run_in_threadpool(probe)
-            return await run_in_threadpool(_get, id, lambda s: s.env.system_prompt())
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        if id is None:  # no instance yet: ask a throwaway one (once)
+            def probe() -> str:
+                if "prompt" not in prompt_cache:
+                    env = env_adapters.make_env(env_name, **kwargs)
+                    try:
+                        prompt_cache["prompt"] = env.system_prompt()
+                    finally:
+                        env.close()
+                return prompt_cache["prompt"]
+            return await run_in_threadpool(probe)
+        return await run_in_threadpool(_get, id, lambda s: s.env.system_prompt())
 
     @app.get("/valid_actions")
+    @answers_errors
     async def valid_actions(id: int):  # noqa: A002
-        try:
-            return await run_in_threadpool(_get, id, lambda s: _jsonable(s.env.valid_actions()))
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        return await run_in_threadpool(_get, id, lambda s: _jsonable(s.env.valid_actions()))
 
     @app.get("/detail")
+    @answers_errors
     async def detail(id: int):  # noqa: A002
-        try:
-            return await run_in_threadpool(_get, id, lambda s: {
-                "id": id, "observation": s.observation, "task_id": s.task_id, "seed": s.seed,
-                "steps": s.steps, "done": s.done, "created_at": s.created_at})
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        return await run_in_threadpool(_get, id, lambda s: {
+            "id": id, "observation": s.observation, "task_id": s.task_id, "seed": s.seed,
+            "steps": s.steps, "done": s.done, "created_at": s.created_at})
 
     @app.post("/close")
+    @answers_errors
     async def close(request: Request):
-        try:
-            body = await body_of(request)
-            env_id = env_id_of(body)
-            await run_in_threadpool(pool.close, env_id)
-        except Exception as exc:  # noqa: BLE001
-            return error(exc)
+        body = await body_of(request)
+        env_id = env_id_of(body)
+        await run_in_threadpool(pool.close, env_id)
         return {"id": env_id, "closed": True}
 
     return app

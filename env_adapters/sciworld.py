@@ -20,9 +20,9 @@ AgentGym's ``uv.lock`` pins:
   ``info["reward_is_cumulative"] = True`` (the rollout keeps the last value); the raw score is
   ``info["score"]``. A negative score ends the task (``terminated``, reward 0, not success);
   ``success`` is a completed task with score 100.
-* **Actions.** The ReAct reply is parsed like the sibling adapters (text after the *last*
-  ``Action:``, first non-empty line; a one-line reply without the marker is the action),
-  lower-cased (the simulator's parser is case-insensitive), reduced to ``[a-z0-9 -]`` (drops a
+* **Actions.** The ReAct reply is parsed like the sibling adapters
+  (:func:`env_adapters.parsing.parse_action`: text after the *last* ``Action:``, first non-empty
+  line; a one-line reply without the marker is the action), lower-cased (the simulator's parser is case-insensitive), reduced to ``[a-z0-9 -]`` (drops a
   trailing period, quotes, markdown). An action the simulator does not understand is passed
   through like AgentGym does: its answer (``No known action matches that input.``) is the
   observation and ``info["invalid_action"]`` is set. Ambiguous actions get the simulator's
@@ -38,38 +38,30 @@ which also computes look / inventory / every valid action combination on each st
 unused by AgentGym): same observation, score and completion, ~2-5 ms a step.
 
 **JVM pool.** Every ScienceWorld world lives in its own JVM (py4j; ~1-2 s to start, ~300-400 MB
-resident with the default ``-Xmx256m``). A process-wide :class:`JVMPool` keeps them: an adapter
-leases one on its first ``reset`` and keeps it across resets; ``close()`` hands it back (it is not
-killed) and the next adapter reuses it (``load`` rebuilds the world, so a reused JVM gives the
-same observations as a fresh one). At most ``size`` JVMs live at once (idle + leased; an
-``acquire`` beyond that waits up to ``acquire_timeout_s``, then raises :class:`InfraError`); at
-most ``max_idle`` are kept idle. A JVM that crashed, timed out (every call has a read timeout)
-or raised is killed and dropped from the pool, and the call raises :class:`InfraError`.
-:func:`shutdown_pool` kills them all (registered with ``atexit``; the JVMs also die with this
-process, py4j's ``--die-on-broken-pipe``). Settings: :func:`configure_pool` or the environment
-variables ``SCIWORLD_POOL_SIZE``, ``SCIWORLD_POOL_MAX_IDLE``, ``SCIWORLD_JAVA_OPTS``,
-``SCIWORLD_CALL_TIMEOUT_S``, ``SCIWORLD_ACQUIRE_TIMEOUT_S``. :class:`JVMPool` is generic: the
-TextWorldExpress adapter uses it too.
+resident with the default ``-Xmx256m``). A process-wide :class:`env_adapters.jvm.JVMPool` keeps
+them: an adapter leases one on its first ``reset`` and keeps it across resets; ``close()`` hands
+it back (it is not killed) and the next adapter reuses it (``load`` rebuilds the world, so a
+reused JVM gives the same observations as a fresh one). At most ``size`` JVMs live at once (idle
++ leased; an ``acquire`` beyond that waits up to ``acquire_timeout_s``, then raises
+:class:`InfraError`); at most ``max_idle`` are kept idle. A JVM that crashed, timed out (every
+call has a read timeout) or raised is killed and dropped from the pool, and the call raises
+:class:`InfraError`. :func:`shutdown_pool` kills them all (registered with ``atexit``; the JVMs
+also die with this process, py4j's ``--die-on-broken-pipe``). Settings: :func:`configure_pool` or
+the environment variables ``SCIWORLD_POOL_SIZE``, ``SCIWORLD_POOL_MAX_IDLE``,
+``SCIWORLD_JAVA_OPTS``, ``SCIWORLD_CALL_TIMEOUT_S``, ``SCIWORLD_ACQUIRE_TIMEOUT_S``. The pool and
+the lease are :mod:`env_adapters.jvm`'s, shared with the TextWorldExpress adapter.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
-import os
-import re
-import shlex
-import subprocess
-import threading
-import time
-from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any
 
 from scienceworld import ScienceWorldEnv
 
-from env_adapters.base import InfraError, StepResult, TextEnv, format_error
-
-log = logging.getLogger(__name__)
+from env_adapters.base import StepResult, format_error
+from env_adapters.jvm import GatewayJVM, JVMPool, JVMTextEnv, env_float, env_java_opts
+from env_adapters.parsing import parse_action, simulator_command
 
 # ---------------------------------------------------------------------------- AgentGym data
 #: Task ids AgentGym leaves out of its list (agentenv_sciworld/environment.py, ``exceptions``).
@@ -170,260 +162,13 @@ def data_idx_for(task: str, variation: int) -> int:
 
 def parse_reply(reply: str, max_chars: int = MAX_REPLY_CHARS) -> tuple[str | None, str]:
     """Extract the action from a ReAct reply; returns ``(action, "")`` or ``(None, why)``."""
-    if not isinstance(reply, str):
-        return None, "the reply is not text"
-    if len(reply) > max_chars:
-        return None, f"the reply is longer than {max_chars} characters"
-    text = reply
-    for eos in ("</s>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        text = text.replace(eos, "\n")
-    markers = list(re.finditer(r"action\s*:", text, flags=re.IGNORECASE))
-    if markers:
-        tail = text[markers[-1].end():]
-    elif len([ln for ln in text.splitlines() if ln.strip()]) == 1:
-        tail = text
-    else:
-        return None, 'no "Action:" line'
-    line = next((ln for ln in tail.splitlines() if ln.strip()), "")
-    action = " ".join(re.sub(r"[^a-z0-9\- ]+", " ", line.lower()).split()).strip(" -")
-    if not action:
-        return None, 'nothing after "Action:"'
-    return action, ""
-
-
-# ---------------------------------------------------------------------------- JVM plumbing
-class PooledJVM(Protocol):
-    def alive(self) -> bool: ...
-
-    def kill(self, force: bool = False) -> None:
-        """Stop the JVM (``force``: no grace period, it is broken); idempotent."""
-
-
-J = TypeVar("J", bound=PooledJVM)
-
-
-def launch_jvm(classpath: str, cwd: str, java_opts: list[str], call_timeout_s: float):
-    """Start a py4j gateway JVM; returns ``(gateway, proc)``.
-
-    Unlike the packages' own constructors: no Python callback server (neither simulator calls
-    back into Python; it would cost a thread and a socket per JVM), JVM options of our choosing,
-    and a read timeout on every call so that a hung simulator surfaces as an error.
-    """
-    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
-
-    port, proc = launch_gateway(classpath=classpath, die_on_exit=True, cwd=cwd,
-                                javaopts=list(java_opts), return_proc=True)
-    try:
-        gateway = JavaGateway(
-            gateway_parameters=GatewayParameters(
-                auto_field=True, port=port, read_timeout=call_timeout_s or None),
-            java_process=proc)
-    except BaseException:
-        stop_jvm(None, proc)
-        raise
-    return gateway, proc
-
-
-def stop_jvm(gateway: Any, proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
-    """Stop a gateway JVM and release every handle on it; never raises, safe to repeat.
-
-    Closes its stdin (py4j's ``--die-on-broken-pipe`` makes it exit), waits up to ``grace_s``,
-    then SIGKILLs it (``grace_s=0``: at once, for a crashed or hung JVM)."""
-    if proc is not None:
-        try:
-            if proc.poll() is None and proc.stdin is not None:
-                proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=grace_s) if grace_s > 0 else None
-        except subprocess.TimeoutExpired:
-            pass
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable process
-                log.error("JVM pid %s did not die", proc.pid)
-        # py4j's reader thread sees EOF once the process is gone; let it finish, then close
-        for t in threading.enumerate():
-            if getattr(t, "stream", None) is proc.stdout and t is not threading.current_thread():
-                t.join(timeout=1.0)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            try:
-                if stream is not None:
-                    stream.close()
-            except (OSError, ValueError):
-                pass
-    if gateway is not None:
-        try:
-            gateway.close(keep_callback_server=True)  # close the sockets (no Java call)
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-
-
-class JVMPool(Generic[J]):
-    """A bounded, thread-safe, process-wide pool of simulator JVMs reused across episodes.
-
-    ``size`` bounds the JVMs alive at once (idle + leased); ``max_idle`` bounds those kept
-    waiting. ``acquire`` prefers the most recently returned idle JVM, starts a new one while
-    under ``size``, otherwise waits up to ``acquire_timeout_s`` (then :class:`InfraError`).
-    ``release`` returns a healthy JVM (or kills it when the idle list is full), ``discard`` kills
-    a broken one. After a ``fork`` the child starts with an empty pool (the JVMs are the
-    parent's).
-    """
-
-    def __init__(self, name: str, factory: Callable[[], J], *, size: int = 32,
-                 max_idle: int | None = None, acquire_timeout_s: float = 600.0) -> None:
-        if size < 1:
-            raise ValueError("size must be >= 1")
-        self.name = name
-        self.factory = factory
-        self.size = size
-        self.max_idle = size if max_idle is None else max(0, max_idle)
-        self.acquire_timeout_s = acquire_timeout_s
-        self._cond = threading.Condition()
-        self._idle: list[J] = []
-        self._leased: set[int] = set()
-        self._objs: dict[int, J] = {}
-        self._live = 0  # idle + leased + being started
-        self._pid = os.getpid()
-        self.created = 0
-        self.discarded = 0
-        self.reused = 0
-
-    def _check_fork(self) -> None:
-        if os.getpid() != self._pid:  # a forked child: the JVMs belong to the parent
-            self._cond = threading.Condition()
-            self._idle, self._leased, self._objs, self._live = [], set(), {}, 0
-            self._pid = os.getpid()
-
-    def acquire(self) -> J:
-        self._check_fork()
-        deadline = time.monotonic() + self.acquire_timeout_s
-        dead: list[J] = []
-        try:
-            with self._cond:
-                while True:
-                    while self._idle:
-                        jvm = self._idle.pop()
-                        if jvm.alive():
-                            self._leased.add(id(jvm))
-                            self.reused += 1
-                            return jvm
-                        self._forget(jvm)
-                        dead.append(jvm)
-                    if self._live < self.size:
-                        self._live += 1
-                        break
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise InfraError(
-                            f"{self.name}: all {self.size} JVMs are busy after waiting "
-                            f"{self.acquire_timeout_s:.0f} s (raise the pool size)")
-                    self._cond.wait(remaining)
-        finally:
-            for jvm in dead:
-                jvm.kill(force=True)
-        try:
-            jvm = self.factory()
-        except BaseException as e:
-            with self._cond:
-                self._live -= 1
-                self._cond.notify()
-            if isinstance(e, InfraError):
-                raise
-            if not isinstance(e, Exception):
-                raise
-            raise InfraError(f"{self.name}: could not start a JVM: {describe_error(e)}") from e
-        with self._cond:
-            self._objs[id(jvm)] = jvm
-            self._leased.add(id(jvm))
-            self.created += 1
-        return jvm
-
-    def _forget(self, jvm: J) -> None:  # under the lock
-        self._objs.pop(id(jvm), None)
-        self._leased.discard(id(jvm))
-        self._live -= 1
-        self.discarded += 1
-        self._cond.notify()
-
-    def release(self, jvm: J) -> None:
-        """Give a leased JVM back; it is kept idle if healthy and there is room, else killed."""
-        self._check_fork()
-        kill = False
-        with self._cond:
-            if id(jvm) not in self._leased or self._objs.get(id(jvm)) is not jvm:
-                return  # not ours (any more): discarded, shut down, or released twice
-            self._leased.discard(id(jvm))
-            if jvm.alive() and len(self._idle) < self.max_idle:
-                self._idle.append(jvm)
-                self._cond.notify()
-            else:
-                self._objs.pop(id(jvm), None)
-                self._live -= 1
-                self._cond.notify()
-                kill = True
-        if kill:
-            jvm.kill()
-
-    def discard(self, jvm: J) -> None:
-        """Kill a broken JVM and forget it (it will not be handed out again)."""
-        self._check_fork()
-        with self._cond:
-            if self._objs.get(id(jvm)) is jvm:
-                if jvm in self._idle:
-                    self._idle.remove(jvm)
-                self._forget(jvm)
-        jvm.kill(force=True)
-
-    def shutdown(self) -> None:
-        """Kill every JVM of the pool, idle or leased; the pool stays usable afterwards."""
-        self._check_fork()
-        with self._cond:
-            victims = list(self._objs.values())
-            self._idle.clear()
-            self._leased.clear()
-            self._objs.clear()
-            self._live -= len(victims)
-            self._cond.notify_all()
-        for jvm in victims:
-            jvm.kill()
-
-    def stats(self) -> dict[str, int]:
-        with self._cond:
-            return {"live": self._live, "idle": len(self._idle), "leased": len(self._leased),
-                    "size": self.size, "max_idle": self.max_idle, "created": self.created,
-                    "reused": self.reused, "discarded": self.discarded}
-
-    def pids(self) -> list[int]:
-        """Process ids of the pool's JVMs (idle and leased)."""
-        with self._cond:
-            return sorted(p for j in self._objs.values()
-                          if (p := getattr(getattr(j, "_proc", None), "pid", None)))
-
-
-def describe_error(e: BaseException, limit: int = 300) -> str:
-    """``Type: message`` of a simulator error, safely: formatting a ``Py4JJavaError`` asks the
-    JVM for the Java stack trace, which itself raises when the JVM is dead."""
-    try:
-        text = " ".join(str(e).split())
-    except Exception:  # noqa: BLE001
-        text = "(no message: the JVM did not answer)"
-    return f"{type(e).__name__}: {text[:limit]}"
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
+    return parse_action(reply, max_chars, simulator_command)
 
 
 # ---------------------------------------------------------------------------- the ScienceWorld JVM
-class ScienceWorldJVM(ScienceWorldEnv):
-    """``scienceworld.ScienceWorldEnv`` started our way (see :func:`launch_jvm`), poolable.
+class ScienceWorldJVM(GatewayJVM, ScienceWorldEnv):
+    """``scienceworld.ScienceWorldEnv`` started our way (see :func:`env_adapters.jvm.launch_jvm`),
+    poolable.
 
     Every ``ScienceWorldEnv`` method works on it (``load``, ``get_gold_action_sequence``,
     ``get_valid_action_object_combinations``, ...); :meth:`fast_step` is the per-step path.
@@ -433,13 +178,8 @@ class ScienceWorldJVM(ScienceWorldEnv):
                  call_timeout_s: float = 60.0, env_step_limit: int = 100) -> None:
         from scienceworld.constants import BASEPATH, JAR_PATH
 
-        self._killed = False
-        self._gateway, self._proc = launch_jvm(JAR_PATH, BASEPATH, list(java_opts), call_timeout_s)
-        try:
-            self.server = self._gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
-        except BaseException:
-            self.kill()
-            raise
+        self._launch(JAR_PATH, BASEPATH, list(java_opts), call_timeout_s,
+                     lambda jvm: jvm.scienceworld.runtime.pythonapi.PythonInterface())
         # the attributes ScienceWorldEnv's methods use
         self.lastStepScore = 0
         self.taskName = None
@@ -448,51 +188,19 @@ class ScienceWorldJVM(ScienceWorldEnv):
         self.envStepLimit = env_step_limit
         self.goldPathGenerated = False
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
     def fast_step(self, action: str) -> tuple[str, int, bool, int]:
         """``(observation, score 0..100 or negative, completed, moves)`` of one simulator step."""
         obs = self.server.step(action)
         score = int(round(100 * self.server.getScore()))
         return obs, score, bool(self.server.getCompleted()), int(self.server.getNumMoves())
 
-    def alive(self) -> bool:
-        return not self._killed and self._proc.poll() is None
-
-    def kill(self, force: bool = False) -> None:
-        if self._killed:
-            return
-        self._killed = True
-        stop_jvm(self._gateway, self._proc, grace_s=0 if force else 5.0)
-
-    def close(self) -> None:
-        self.kill()
-
-    def __del__(self) -> None:
-        try:
-            self.kill()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
-def _env_java_opts(var: str, default: tuple[str, ...]) -> list[str]:
-    opts = os.environ.get(var)
-    return shlex.split(opts) if opts is not None else list(default)
-
 
 def _make_sciworld_jvm() -> ScienceWorldJVM:
-    return ScienceWorldJVM(_env_java_opts("SCIWORLD_JAVA_OPTS", DEFAULT_JAVA_OPTS),
-                           _env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0))
+    return ScienceWorldJVM(env_java_opts("SCIWORLD_JAVA_OPTS", DEFAULT_JAVA_OPTS),
+                           env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0))
 
 
-POOL: JVMPool[ScienceWorldJVM] = JVMPool(
-    "sciworld", _make_sciworld_jvm,
-    size=int(_env_float("SCIWORLD_POOL_SIZE", 32)),
-    max_idle=int(_env_float("SCIWORLD_POOL_MAX_IDLE", _env_float("SCIWORLD_POOL_SIZE", 32))),
-    acquire_timeout_s=_env_float("SCIWORLD_ACQUIRE_TIMEOUT_S", 600.0),
-)
+POOL: JVMPool[ScienceWorldJVM] = JVMPool.from_env("sciworld", _make_sciworld_jvm, "SCIWORLD")
 
 
 def configure_pool(*, size: int | None = None, max_idle: int | None = None,
@@ -513,9 +221,9 @@ def configure_pool(*, size: int | None = None, max_idle: int | None = None,
 
         def factory() -> ScienceWorldJVM:
             return ScienceWorldJVM(
-                opts if opts is not None else _env_java_opts("SCIWORLD_JAVA_OPTS",
-                                                             DEFAULT_JAVA_OPTS),
-                timeout if timeout is not None else _env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0))
+                opts if opts is not None else env_java_opts("SCIWORLD_JAVA_OPTS",
+                                                            DEFAULT_JAVA_OPTS),
+                timeout if timeout is not None else env_float("SCIWORLD_CALL_TIMEOUT_S", 60.0))
 
         POOL.factory = factory
     return POOL.stats()
@@ -535,7 +243,7 @@ atexit.register(shutdown_pool)
 
 
 # ---------------------------------------------------------------------------- the adapter
-class SciWorldEnv(TextEnv):
+class SciWorldEnv(JVMTextEnv):
     """One ScienceWorld episode at a time on a pooled JVM, the AgentGym way."""
 
     name = "sciworld"
@@ -551,14 +259,10 @@ class SciWorldEnv(TextEnv):
         if unknown:
             raise ValueError(f"unknown ScienceWorld simplifications {sorted(unknown)}; "
                              f"choose from {sorted(SIMPLIFICATIONS)}")
+        super().__init__(pool if pool is not None else POOL, gold_path)
         self.max_reply_chars = max_reply_chars
         self.step_limit = step_limit
         self.simplifications = simplifications
-        self.gold_path = gold_path
-        self._pool: JVMPool = pool if pool is not None else POOL
-        self._jvm: ScienceWorldJVM | None = None
-        self._closed = False
-        self._ready = False
         self._valid: list[str] | None = None
 
     # ------------------------------------------------------------------ TextEnv API
@@ -571,23 +275,15 @@ class SciWorldEnv(TextEnv):
         if self._closed:
             raise RuntimeError("environment is closed")
         code, task_name, variation = task_for(int(task_id))
-        self._ready = False
         self._valid = None
-        for attempt in (0, 1):  # a JVM that died while idle costs one retry on a fresh one
-            jvm = self._lease()
-            try:
-                jvm.envStepLimit = self.step_limit
-                jvm.load(task_name, variation, self.simplifications, self.gold_path)
-                description = jvm.get_task_description()
-                look, score, completed, moves = jvm.fast_step("look around")
-                break
-            except Exception as e:  # noqa: BLE001 - any simulator fault is infrastructure
-                why = describe_error(e)  # before the JVM goes
-                self._drop_jvm()
-                if attempt == 1:
-                    raise InfraError(
-                        f"sciworld: reset of {task_name} #{variation} failed: {why}") from e
-                log.warning("sciworld: reset failed on a pooled JVM (%s); retrying", why)
+
+        def load(jvm: ScienceWorldJVM) -> tuple[str, tuple[str, int, bool, int]]:
+            jvm.envStepLimit = self.step_limit
+            jvm.load(task_name, variation, self.simplifications, self.gold_path)
+            return jvm.get_task_description(), jvm.fast_step("look around")
+
+        description, (look, score, completed, moves) = self._reset_on_jvm(
+            f"reset of {task_name} #{variation}", load)
         self.task = {"task_id": int(task_id), "seed": int(seed), "task_code": code,
                      "task_name": task_name, "variation": variation}
         self.score = score
@@ -616,16 +312,8 @@ class SciWorldEnv(TextEnv):
             res.reward = self._reward()  # a running score: a bad reply does not erase progress
             return res
         base["parsed_action"] = action
-        jvm = self._jvm
-        if jvm is None:
-            raise InfraError("sciworld: the JVM of this episode is gone (pool shut down?)")
-        try:
-            obs, score, completed, moves = jvm.fast_step(action)
-        except Exception as e:  # noqa: BLE001 - crash, timeout, Java exception
-            why = describe_error(e)
-            self._drop_jvm()
-            self._ready = False
-            raise InfraError(f"sciworld: step {action!r} failed: {why}") from e
+        obs, score, completed, moves = self._call_jvm(
+            f"step {action!r}", lambda jvm: jvm.fast_step(action))
         self._valid = None
         self.score, self.moves = score, moves
         terminated = truncated = False
@@ -645,50 +333,15 @@ class SciWorldEnv(TextEnv):
         if not self._ready or self._jvm is None or self.done:
             return None
         if self._valid is None:
-            try:
-                self._valid = list(self._jvm.get_valid_action_object_combinations())
-            except Exception as e:  # noqa: BLE001
-                why = describe_error(e)
-                self._drop_jvm()
-                self._ready = False
-                raise InfraError(f"sciworld: listing valid actions failed: {why}") from e
+            self._valid = self._call_jvm(
+                "listing valid actions",
+                lambda jvm: list(jvm.get_valid_action_object_combinations()))
         return list(self._valid)
 
     def gold_actions(self) -> list[str]:
         """The simulator's gold action sequence for the current task (needs ``gold_path=True``)."""
-        if not self.gold_path:
-            raise RuntimeError("create the environment with gold_path=True")
-        if not self._ready or self._jvm is None:
-            raise RuntimeError("call reset() first")
-        return list(self._jvm.get_gold_action_sequence())
-
-    def close(self) -> None:
-        jvm, self._jvm = self._jvm, None
-        self._ready = False
-        self._closed = True
-        if jvm is not None:
-            self._pool.release(jvm)
-
-    def __del__(self) -> None:
-        try:
-            if self._jvm is not None:
-                self._pool.release(self._jvm)
-                self._jvm = None
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+        return list(self._gold_jvm().get_gold_action_sequence())
 
     # ------------------------------------------------------------------ internals
     def _reward(self) -> float:
         return float(min(1.0, max(0.0, self.score / 100.0)))
-
-    def _lease(self) -> ScienceWorldJVM:
-        if self._jvm is not None and not self._jvm.alive():
-            self._drop_jvm()
-        if self._jvm is None:
-            self._jvm = self._pool.acquire()
-        return self._jvm
-
-    def _drop_jvm(self) -> None:
-        jvm, self._jvm = self._jvm, None
-        if jvm is not None:
-            self._pool.discard(jvm)

@@ -51,6 +51,7 @@ import threading
 from typing import Any
 
 from env_adapters.base import StepResult, TextEnv, format_error
+from env_adapters.parsing import parse_action
 
 MAX_REPLY_CHARS = 2000
 AGENTGYM_SEED = 42  # TextCraftEnv.reset(seed=42) in agentenv_textcraft
@@ -188,27 +189,13 @@ def goal_for(data_idx: int) -> tuple[str, int]:
 
 def parse_reply(reply: str, max_chars: int = MAX_REPLY_CHARS) -> tuple[str | None, str]:
     """The command in a ReAct reply (see the module docstring); ``(None, why)`` if none."""
-    if not isinstance(reply, str):
-        return None, "the reply is not text"
-    if len(reply) > max_chars:
-        return None, f"the reply is longer than {max_chars} characters"
-    text = reply
-    for eos in ("</s>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        text = text.replace(eos, "\n")
-    markers = list(re.finditer(r"action\s*:", text, flags=re.IGNORECASE))
-    if markers:
-        tail = text[markers[-1].end():]
-    elif len([ln for ln in text.splitlines() if ln.strip()]) == 1:
-        tail = text
-    else:
-        return None, 'no "Action:" line'
-    line = next((ln for ln in tail.splitlines() if ln.strip()), "")
+    return parse_action(reply, max_chars, _normalise)
+
+
+def _normalise(line: str) -> str:
+    """AgentGym's ``[^A-Za-z0-9, ]`` scrub, single spaces, lower case; ``look`` -> ``inventory``."""
     action = " ".join(re.sub(r"[^A-Za-z0-9, ]+", "", line).split()).strip().lower()
-    if not action:
-        return None, 'nothing after "Action:"'
-    if action == "look":
-        action = "inventory"
-    return action, ""
+    return "inventory" if action == "look" else action
 
 
 class TextCraftEnv(TextEnv):

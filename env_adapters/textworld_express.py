@@ -21,12 +21,12 @@ Not part of AgentGym; the adapter follows the AgentGym conventions of its siblin
   ``info["success"]`` is the game's ``tasksuccess``. The package's move limit (``step_limit``,
   default 100) ends the episode as ``truncated``.
 * **Actions.** The ReAct reply is parsed like SciWorld's (text after the last ``Action:``, first
-  line, lower-cased, ``[a-z0-9 -]``), then given the case of the valid action it matches (the
+  line, lower-cased, ``[a-z0-9 -]``: :mod:`env_adapters.parsing`), then given the case of the valid action it matches (the
   games compare case-sensitively: ``take TV remote control``); any parsed action is sent (``help`` repeats the task); one
   the game does not understand gets its ``Unknown action: ...`` answer and
   ``info["invalid_action"]``.
 
-The JVMs come from a process-wide :class:`env_adapters.sciworld.JVMPool` (one per concurrent
+The JVMs come from a process-wide :class:`env_adapters.jvm.JVMPool` (one per concurrent
 episode, reused across episodes, handed back by ``close()``; :func:`shutdown_pool` at exit).
 Settings: ``TWX_POOL_SIZE``, ``TWX_POOL_MAX_IDLE``, ``TWX_JAVA_OPTS``, ``TWX_CALL_TIMEOUT_S``,
 ``TWX_ACQUIRE_TIMEOUT_S``. A crashed or hung JVM raises :class:`InfraError` and is discarded.
@@ -35,17 +35,14 @@ Settings: ``TWX_POOL_SIZE``, ``TWX_POOL_MAX_IDLE``, ``TWX_JAVA_OPTS``, ``TWX_CAL
 from __future__ import annotations
 
 import atexit
-import logging
 import threading
 from typing import Any
 
 from textworld_express import TextWorldExpressEnv as _PackageEnv
 
-from env_adapters.base import InfraError, StepResult, TextEnv, format_error
-from env_adapters.sciworld import (
-    JVMPool, _env_float, _env_java_opts, describe_error, launch_jvm, parse_reply, stop_jvm)
-
-log = logging.getLogger(__name__)
+from env_adapters.base import InfraError, StepResult, format_error
+from env_adapters.jvm import GatewayJVM, JVMPool, JVMTextEnv, env_float, env_java_opts
+from env_adapters.parsing import parse_action, simulator_command
 
 GAMES = ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays",
          "peckingorder")
@@ -66,21 +63,15 @@ SYSTEM_PROMPT = (
 ASSISTANT_ACK = "OK. I'll follow your instructions and try my best to solve the task."
 
 
-class TextWorldExpressJVM(_PackageEnv):
+class TextWorldExpressJVM(GatewayJVM, _PackageEnv):
     """``textworld_express.TextWorldExpressEnv`` started our way, poolable."""
 
     def __init__(self, java_opts: list[str] | tuple[str, ...] = DEFAULT_JAVA_OPTS,
                  call_timeout_s: float = 30.0) -> None:
         from textworld_express.constants import BASEPATH, JAR_PATH
 
-        self._killed = False
-        self._gateway, self._proc = launch_jvm(
-            JAR_PATH, BASEPATH, ["-Xverify:none", *java_opts], call_timeout_s)
-        try:
-            self.server = self._gateway.jvm.textworldexpress.runtime.PythonInterface()
-        except BaseException:
-            self.kill()
-            raise
+        self._launch(JAR_PATH, BASEPATH, ["-Xverify:none", *java_opts], call_timeout_s,
+                     lambda jvm: jvm.textworldexpress.runtime.PythonInterface())
         self.lastStepScore = 0
         self.envStepLimit = 10**9  # the adapter applies the limit (as truncation)
         self.runHistory: list = []
@@ -92,40 +83,13 @@ class TextWorldExpressJVM(_PackageEnv):
         self.goldPathGenerated = False
         self.loaded: tuple[str, str] | None = None  # (game, params) now loaded in this JVM
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def alive(self) -> bool:
-        return not self._killed and self._proc.poll() is None
-
-    def kill(self, force: bool = False) -> None:
-        if self._killed:
-            return
-        self._killed = True
-        stop_jvm(self._gateway, self._proc, grace_s=0 if force else 5.0)
-
-    def close(self) -> None:
-        self.kill()
-
-    def __del__(self) -> None:
-        try:
-            self.kill()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
 
 def _make_twx_jvm() -> TextWorldExpressJVM:
-    return TextWorldExpressJVM(_env_java_opts("TWX_JAVA_OPTS", DEFAULT_JAVA_OPTS),
-                               _env_float("TWX_CALL_TIMEOUT_S", 30.0))
+    return TextWorldExpressJVM(env_java_opts("TWX_JAVA_OPTS", DEFAULT_JAVA_OPTS),
+                               env_float("TWX_CALL_TIMEOUT_S", 30.0))
 
 
-POOL: JVMPool[TextWorldExpressJVM] = JVMPool(
-    "textworld", _make_twx_jvm,
-    size=int(_env_float("TWX_POOL_SIZE", 32)),
-    max_idle=int(_env_float("TWX_POOL_MAX_IDLE", _env_float("TWX_POOL_SIZE", 32))),
-    acquire_timeout_s=_env_float("TWX_ACQUIRE_TIMEOUT_S", 600.0),
-)
+POOL: JVMPool[TextWorldExpressJVM] = JVMPool.from_env("textworld", _make_twx_jvm, "TWX")
 
 # fold seeds per (game, params, split): the same in every JVM, read once per process
 _SEEDS: dict[tuple[str, str, str], list[int]] = {}
@@ -148,7 +112,7 @@ def _actions_suffix(actions: list[str]) -> str:
     return "\nAvailable actions: [" + ", ".join(f'"{a}"' for a in actions) + "]"
 
 
-class TextWorldExpressEnv(TextEnv):
+class TextWorldExpressEnv(JVMTextEnv):
     """One TextWorldExpress episode at a time on a pooled JVM."""
 
     name = "textworld"
@@ -161,15 +125,11 @@ class TextWorldExpressEnv(TextEnv):
             raise ValueError(f"unknown TextWorldExpress game {game!r}; choose one of {GAMES}")
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+        super().__init__(pool if pool is not None else POOL, gold_path)
         self.game, self.params, self.split = game, params, split
         self.step_limit = step_limit
         self.show_actions = show_actions
         self.max_reply_chars = max_reply_chars
-        self.gold_path = gold_path
-        self._pool: JVMPool = pool if pool is not None else POOL
-        self._jvm: TextWorldExpressJVM | None = None
-        self._closed = False
-        self._ready = False
         self._actions: list[str] = []
 
     # ------------------------------------------------------------------ TextEnv API
@@ -184,28 +144,20 @@ class TextWorldExpressEnv(TextEnv):
             raise ValueError("task_id and seed must be >= 0")
         if self._closed:
             raise RuntimeError("environment is closed")
-        self._ready = False
-        for attempt in (0, 1):  # a JVM that died while idle costs one retry on a fresh one
-            jvm = self._lease()
-            try:
-                if jvm.loaded != (self.game, self.params):
-                    jvm.loaded = None
-                    jvm.load(self.game, self.params)  # ValueError on a bad params string
-                    jvm.loaded = (self.game, self.params)
-                seeds = self._fold_seeds(jvm)
-                world_seed = seeds[int(task_id) % len(seeds)]
-                obs, infos = jvm.reset(seed=world_seed, gameFold=self.split,
-                                       generateGoldPath=self.gold_path)
-                break
-            except ValueError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any simulator fault is infrastructure
-                why = describe_error(e)  # before the JVM goes
-                self._drop_jvm()
-                if attempt == 1:
-                    raise InfraError(
-                        f"textworld: reset of {self.game} task {task_id} failed: {why}") from e
-                log.warning("textworld: reset failed on a pooled JVM (%s); retrying", why)
+
+        def load(jvm: TextWorldExpressJVM) -> tuple[int, str, dict[str, Any]]:
+            if jvm.loaded != (self.game, self.params):
+                jvm.loaded = None
+                jvm.load(self.game, self.params)  # ValueError on a bad params string
+                jvm.loaded = (self.game, self.params)
+            seeds = self._fold_seeds(jvm)
+            world_seed = seeds[int(task_id) % len(seeds)]
+            obs, infos = jvm.reset(seed=world_seed, gameFold=self.split,
+                                   generateGoldPath=self.gold_path)
+            return world_seed, obs, infos
+
+        world_seed, obs, infos = self._reset_on_jvm(
+            f"reset of {self.game} task {task_id}", load, caller_errors=(ValueError,))
         self.task = {"task_id": int(task_id), "seed": int(seed), "game": self.game,
                      "params": self.params, "split": self.split, "world_seed": world_seed}
         self.score = float(infos.get("score", 0.0))
@@ -228,7 +180,7 @@ class TextWorldExpressEnv(TextEnv):
                 "moves": self.moves, "reward_is_cumulative": True}
         if self.done:
             return StepResult("The game is over.", self._reward(), True, False, base)
-        action, why = parse_reply(action_text, self.max_reply_chars)
+        action, why = parse_action(action_text, self.max_reply_chars, simulator_command)
         if action is None:
             res = format_error(
                 "Invalid format: " + why + '. End your reply with a line "Action: <action>" '
@@ -239,16 +191,8 @@ class TextWorldExpressEnv(TextEnv):
         # the games match actions case-sensitively ("take TV remote control"): restore the case
         action = next((a for a in self._actions if a.lower() == action), action)
         base["parsed_action"] = action
-        jvm = self._jvm
-        if jvm is None:
-            raise InfraError("textworld: the JVM of this episode is gone (pool shut down?)")
-        try:
-            obs, _reward, _done, infos = jvm.step(action)
-        except Exception as e:  # noqa: BLE001 - crash, timeout, Java exception
-            why = describe_error(e)
-            self._drop_jvm()
-            self._ready = False
-            raise InfraError(f"textworld: step {action!r} failed: {why}") from e
+        obs, _reward, _done, infos = self._call_jvm(f"step {action!r}",
+                                                    lambda jvm: jvm.step(action))
         self.moves += 1
         self.score = float(infos.get("score", 0.0))
         self.success = bool(infos.get("tasksuccess"))
@@ -265,26 +209,7 @@ class TextWorldExpressEnv(TextEnv):
     def gold_actions(self) -> list[str]:
         """The game's gold action sequence for the current task (needs ``gold_path=True``);
         replay it whole (most games start it with a harmless ``look around``)."""
-        if not self.gold_path:
-            raise RuntimeError("create the environment with gold_path=True")
-        if not self._ready or self._jvm is None:
-            raise RuntimeError("call reset() first")
-        return list(self._jvm.getGoldActionSequence())
-
-    def close(self) -> None:
-        jvm, self._jvm = self._jvm, None
-        self._ready = False
-        self._closed = True
-        if jvm is not None:
-            self._pool.release(jvm)
-
-    def __del__(self) -> None:
-        try:
-            if self._jvm is not None:
-                self._pool.release(self._jvm)
-                self._jvm = None
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+        return list(self._gold_jvm().getGoldActionSequence())
 
     # ------------------------------------------------------------------ internals
     def _suffix(self) -> str:
@@ -306,15 +231,3 @@ class TextWorldExpressEnv(TextEnv):
             with _SEEDS_LOCK:
                 _SEEDS[key] = seeds
         return seeds
-
-    def _lease(self) -> TextWorldExpressJVM:
-        if self._jvm is not None and not self._jvm.alive():
-            self._drop_jvm()
-        if self._jvm is None:
-            self._jvm = self._pool.acquire()
-        return self._jvm
-
-    def _drop_jvm(self) -> None:
-        jvm, self._jvm = self._jvm, None
-        if jvm is not None:
-            self._pool.discard(jvm)

@@ -362,29 +362,30 @@ def make_fake_agentgym_servers():
     def rec(name: str, route: str, body: Any) -> None:
         seen.setdefault(name, []).append((route, body))
 
-    async def body(request: Request) -> Any:
+    async def recorded(request: Request, name: str, route: str) -> Any:
+        """The request's JSON body (None if empty), recorded as ``(route, body)`` under ``name``."""
         raw = await request.body()
         import json
-        return json.loads(raw) if raw else None
+        b = json.loads(raw) if raw else None
+        rec(name, route, b)
+        return b
 
     tc = APIRouter(prefix="/textcraft")
 
     @tc.post("/create")
     async def tc_create(request: Request):
-        rec("textcraft", "create", await body(request))
+        await recorded(request, "textcraft", "create")
         return {"id": 0, "observation": "Crafting commands: ...", "done": False, "reward": 0}
 
     @tc.post("/reset")
     async def tc_reset(request: Request):
-        b = await body(request)
-        rec("textcraft", "reset", b)
+        b = await recorded(request, "textcraft", "reset")
         return {"id": b["id"], "observation": f"Goal: craft item {b['data_idx']}.",
                 "done": False, "reward": 0}
 
     @tc.post("/step")
     async def tc_step(request: Request):
-        b = await body(request)
-        rec("textcraft", "step", b)
+        b = await recorded(request, "textcraft", "step")
         ok = b["action"] == "craft 1 stick using 2 planks"
         return {"observation": f"Did: {b['action']}", "reward": 1 if ok else 0, "done": ok}
 
@@ -392,20 +393,18 @@ def make_fake_agentgym_servers():
 
     @ba.post("/create")
     async def ba_create(request: Request):
-        rec("babyai", "create", await body(request))
+        await recorded(request, "babyai", "create")
         return {"id": 4}
 
     @ba.post("/reset")
     async def ba_reset(request: Request):
-        b = await body(request)
-        rec("babyai", "reset", b)
+        await recorded(request, "babyai", "reset")
         return {"observation": "Your goal: go to the red ball", "reward": 0, "score": 0,
                 "deleted": False, "done": False}
 
     @ba.post("/step")
     async def ba_step(request: Request):
-        b = await body(request)
-        rec("babyai", "step", b)
+        b = await recorded(request, "babyai", "step")
         ok = b["action"] == "go to red ball 1"
         return {"observation": "You see a ball.", "reward": 0.9 if ok else 0,
                 "score": 1.9 if ok else 0, "done": ok}
@@ -415,21 +414,19 @@ def make_fake_agentgym_servers():
 
     @sw.post("/create")
     async def sw_create(request: Request):
-        rec("sciworld", "create", await body(request))
+        await recorded(request, "sciworld", "create")
         return {"id": 2}
 
     @sw.post("/reset")
     async def sw_reset(request: Request):
-        b = await body(request)
-        rec("sciworld", "reset", b)
+        await recorded(request, "sciworld", "reset")
         return {"task_name": "boil", "var_num": 0, "task_description": "Your task is to boil water.",
                 "observation": "This room is called the kitchen.", "reward": 0, "score": 0,
                 "deleted": False, "done": False}
 
     @sw.post("/step")
     async def sw_step(request: Request):
-        b = await body(request)
-        rec("sciworld", "step", b)
+        await recorded(request, "sciworld", "step")
         score = next(sw_scores)
         return {"observation": "ok", "reward": 25, "score": score, "done": score in (100, -100)}
 
@@ -437,19 +434,17 @@ def make_fake_agentgym_servers():
 
     @ds.post("/create")
     async def ds_create(request: Request):
-        rec("deepsearch", "create", await body(request))
+        await recorded(request, "deepsearch", "create")
         return 7
 
     @ds.post("/reset")
     async def ds_reset(request: Request):
-        b = await body(request)
-        rec("deepsearch", "reset", b)
+        b = await recorded(request, "deepsearch", "reset")
         return f"Question {b['id']}: who?"
 
     @ds.post("/step")
     async def ds_step(request: Request):
-        b = await body(request)
-        rec("deepsearch", "step", b)
+        b = await recorded(request, "deepsearch", "step")
         ok = "<answer>" in b["action"]
         return {"observation": "Congratulations!" if ok else "<information>doc</information>",
                 "reward": 1.0 if ok else 0.0, "done": ok, "info": None}
@@ -461,33 +456,31 @@ def make_fake_agentgym_servers():
 
     @ds.post("/close")
     async def ds_close(request: Request):
-        rec("deepsearch", "close", await body(request))
+        await recorded(request, "deepsearch", "close")
         return True
 
     wa = APIRouter(prefix="/webarena")
 
     @wa.post("/create")
     async def wa_create(request: Request):
-        rec("webarena", "create", await body(request))
+        await recorded(request, "webarena", "create")
         return {"env_idx": 3}
 
     @wa.post("/reset")
     async def wa_reset(request: Request):
-        b = await body(request)
-        rec("webarena", "reset", b)
+        b = await recorded(request, "webarena", "reset")
         return {"observation": f"Tab 0: page for config {b['idx']}"}
 
     @wa.post("/step")
     async def wa_step(request: Request):
-        b = await body(request)
-        rec("webarena", "step", b)
+        b = await recorded(request, "webarena", "step")
         stop = "stop [" in b["action"]
         return {"observation": "page", "reward": 1.0 if stop else 0.0, "terminated": stop,
                 "truncated": False, "info": {"page": "x"}}
 
     @wa.post("/close")
     async def wa_close(request: Request):
-        rec("webarena", "close", await body(request))
+        await recorded(request, "webarena", "close")
         return PlainTextResponse("closed")
 
     for r in (tc, ba, sw, ds, wa):
