@@ -50,6 +50,11 @@ __all__ = [
     "reinforce_pp_advantages",
     "gae_advantages",
     "turn_level_returns",
+    "turn_index",
+    "broadcast_turns",
+    "turn_sums",
+    "place_rewards_on_turn_ends",
+    "turn_credit_advantages",
     "compute_advantages",
     "masked_mean",
     "masked_var",
@@ -64,6 +69,7 @@ __all__ = [
     "explained_variance",
     "LOSS_AGG_MODES",
     "KL_ESTIMATORS",
+    "TURN_BASELINES",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -388,6 +394,232 @@ def turn_level_returns(turn_rewards: Tensor, turn_mask: Tensor, gamma: float) ->
     m = _bool_mask(turn_mask)
     r = turn_rewards.to(_float_dtype(turn_rewards))
     return _masked_discounted_cumsum(torch.where(m, r, torch.zeros_like(r)), m, gamma)
+
+
+# --------------------------------------------------------------------------------------------
+# turns: segments of policy tokens
+# --------------------------------------------------------------------------------------------
+
+
+def turn_index(loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Number the turns of each row: a turn's reply is sampled in one piece, so its policy tokens
+    form one maximal run of ``loss_mask == 1``, and the runs of a row are its turns in order.
+
+    ``loss_mask`` (B,T). Returns ``(segment, counts)``: ``segment`` (B,T) long, the 0-based run
+    number of each policy token and -1 at masked tokens; ``counts`` (B,) long, runs per row.
+    """
+    _check_2d("loss_mask", loss_mask)
+    m = _bool_mask(loss_mask)
+    prev = torch.zeros_like(m)
+    prev[:, 1:] = m[:, :-1]
+    starts = m & ~prev
+    seg = starts.long().cumsum(dim=1) - 1
+    return torch.where(m, seg, torch.full_like(seg, -1)), starts.sum(dim=1)
+
+
+def _turn_columns(turn_mask: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For each policy token, the column (in the turn tensors) of its turn: the j-th run of policy
+    tokens of a row belongs to the j-th EXISTING turn (``turn_mask == 1``) of that row.
+    Returns ``(col (B,T) long, 0 at masked tokens; policy-token mask (B,T) bool; K >= 1)``.
+    Raises ``ValueError`` naming the first row whose runs and turns differ in number."""
+    _check_2d("loss_mask", loss_mask)
+    _check_2d("turn_mask", turn_mask)
+    if turn_mask.shape[0] != loss_mask.shape[0]:
+        raise ValueError(
+            f"turn_mask has {turn_mask.shape[0]} rows but loss_mask has {loss_mask.shape[0]}; give one row per episode"
+        )
+    m = _bool_mask(loss_mask)
+    seg, counts = turn_index(m)
+    tm = _bool_mask(turn_mask).to(m.device)
+    n_turns = tm.sum(dim=1)
+    bad = (n_turns != counts).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        raise ValueError(
+            f"row {b}: {int(counts[b])} runs of policy tokens (loss_mask == 1) but {int(n_turns[b])} turns; "
+            "each turn's reply must be one run of policy tokens (give turn rewards for the turns that sampled one)"
+        )
+    B, K = tm.shape
+    if K == 0:  # no turns anywhere (and so no policy tokens): one dummy column keeps gathers valid
+        tm = torch.zeros(B, 1, dtype=torch.bool, device=m.device)
+        K = 1
+    rank = tm.long().cumsum(dim=1) - 1
+    slot = torch.where(tm, rank, torch.full_like(rank, K))  # non-existing turns go to a dump column
+    col_of_rank = torch.zeros(B, K + 1, dtype=torch.long, device=m.device)
+    col_of_rank.scatter_(1, slot, torch.arange(K, device=m.device).expand(B, K))
+    col = col_of_rank.gather(1, seg.clamp_min(0))
+    return torch.where(m, col, torch.zeros_like(col)), m, K
+
+
+def _pad_turns(x: Tensor, K: int) -> Tensor:
+    return x if x.shape[1] == K else torch.zeros(x.shape[0], K, dtype=x.dtype, device=x.device)
+
+
+def broadcast_turns(turn_values: Tensor, turn_mask: Tensor, loss_mask: Tensor) -> Tensor:
+    """``turn_values`` (B,K) -> (B,T): the value of turn k on every policy token of turn k (the
+    k-th existing turn of a row owns its k-th run of policy tokens, see :func:`turn_index`), 0 at
+    masked tokens."""
+    _check_2d("turn_values", turn_values, turn_mask)
+    col, m, K = _turn_columns(turn_mask, loss_mask)
+    v = _pad_turns(turn_values.to(m.device), K)
+    out = v.gather(1, col)
+    return torch.where(m, out, torch.zeros_like(out))
+
+
+def turn_sums(token_values: Tensor, turn_mask: Tensor, loss_mask: Tensor) -> Tensor:
+    """``token_values`` (B,T) -> (B,K): for each existing turn, the sum of ``token_values`` over
+    its policy tokens (values at masked tokens are never read); 0 at padding turns. The inverse
+    direction of :func:`broadcast_turns`, e.g. to fold a per-token KL penalty into turn rewards."""
+    _check_2d("loss_mask", loss_mask)
+    _check_2d("token_values", token_values, loss_mask)
+    col, m, K = _turn_columns(turn_mask, loss_mask)
+    x = torch.where(m, token_values, torch.zeros_like(token_values))
+    out = torch.zeros(x.shape[0], K, dtype=x.dtype, device=x.device).scatter_add_(1, col, x)
+    return out[:, : turn_mask.shape[1]]
+
+
+def place_rewards_on_turn_ends(turn_rewards: Tensor, turn_mask: Tensor, loss_mask: Tensor) -> Tensor:
+    """Token rewards (B,T) with each existing turn's reward on the LAST policy token of its run
+    (the action that earned it), 0 elsewhere: what a token-level estimator (gae, reinforce_pp)
+    needs for per-turn rewards. ``turn_rewards``/``turn_mask`` (B,K), ``loss_mask`` (B,T)."""
+    _check_2d("turn_rewards", turn_rewards, turn_mask)
+    col, m, K = _turn_columns(turn_mask, loss_mask)
+    nxt = torch.zeros_like(m)
+    nxt[:, :-1] = m[:, 1:]
+    ends = m & ~nxt
+    r = _pad_turns(turn_rewards.to(device=m.device, dtype=_float_dtype(turn_rewards)), K).gather(1, col)
+    return torch.where(ends, r, torch.zeros_like(r))
+
+
+def _turn_group_stats(G: Tensor, tm: Tensor, idx: Tensor, n_groups: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per (row, turn) stats of ``G`` (B,K) over the rows of the same group that HAVE that turn
+    index (``tm`` (B,K) bool): (count, sum, unbiased std, tied), each (B,K)."""
+    B, K = G.shape
+    w = tm.to(G.dtype)
+    x = G * w
+    counts = torch.zeros(n_groups, K, dtype=G.dtype, device=G.device).index_add_(0, idx, w)
+    sums = torch.zeros(n_groups, K, dtype=G.dtype, device=G.device).index_add_(0, idx, x)
+    mean = sums / counts.clamp_min(1)
+    dev = (G - mean[idx]) * w
+    sq = torch.zeros(n_groups, K, dtype=G.dtype, device=G.device).index_add_(0, idx, dev * dev)
+    std = torch.sqrt(sq / (counts - 1).clamp_min(1))
+    index = idx[:, None].expand(B, K)
+    gmax = torch.full((n_groups, K), -math.inf, dtype=G.dtype, device=G.device).scatter_reduce(
+        0, index, torch.where(tm, G, torch.full_like(G, -math.inf)), reduce="amax")
+    gmin = torch.full((n_groups, K), math.inf, dtype=G.dtype, device=G.device).scatter_reduce(
+        0, index, torch.where(tm, G, torch.full_like(G, math.inf)), reduce="amin")
+    return counts[idx], sums[idx], std[idx], gmax[idx] == gmin[idx]
+
+
+TURN_BASELINES = ("outcome", "turn")
+
+
+def turn_credit_advantages(
+    estimator: Estimator | str,
+    turn_rewards: Tensor,
+    turn_mask: Tensor,
+    loss_mask: Tensor,
+    group_ids: Any = None,
+    *,
+    turn_gamma: float = 1.0,
+    baseline: str = "outcome",
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+    whiten_eps: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """Turn-level credit: each turn is credited with what it earned from then on.
+
+    ``turn_rewards`` (B,K): turn k's own reward increment (they add up to the episode outcome);
+    ``turn_mask`` (B,K) 1 for turns that exist; ``loss_mask`` (B,T) whose runs of policy tokens
+    are the turns in order (one run per existing turn, see :func:`turn_index`). Turn k of row b
+    has the return ``G_{b,k} = sum_{j>=k} turn_gamma^(j-k) r_{b,j}`` (:func:`turn_level_returns`)
+    and its advantage is broadcast over the turn's policy tokens.
+
+    ``baseline="outcome"`` compares ``G_{b,k}`` with the estimator's usual statistics of the
+    episode OUTCOMES ``R = sum_k r_k``:
+
+    * ``grpo``: ``(G_{b,k} - mean_g R) / (std_g R + eps)`` over the row's group g (unbiased std;
+      ``norm_by_std=False``: ``G_{b,k} - mean_g R``); groups of size 1 or with tied outcomes -> 0.
+    * ``rloo``: ``G_{b,k} - mean_{j in g, j != b} R_j``; size-1 / tied groups -> 0.
+    * ``reinforce_pp``: ``G`` broadcast over policy tokens, whitened over all policy tokens of the
+      batch (``(G - mean) * rsqrt(var + whiten_eps)``, unbiased var).
+
+    With ``turn_gamma = 1`` turn 0's ``G_0`` is the outcome ``R``, so grpo/rloo give turn 0 exactly
+    their outcome advantage. Later turns' ``G_k`` leave out the rewards before k, so they sit below
+    the outcome baseline on average: an action-independent offset (no bias in expectation, but
+    variance). ``baseline="turn"`` removes it by comparing like with like, the returns at the SAME
+    turn index k, i.e. column k of the turn tensors (the turn's number in its episode: the group's
+    rows that reached turn k started from the same task and are at the same depth):
+
+    * ``grpo``: ``(G_{b,k} - mean G_{.,k}) / (std G_{.,k} + eps)`` over the group's rows that have a
+      turn k; fewer than 2 such rows, or all their ``G_{.,k}`` equal -> 0 for that turn.
+    * ``rloo``: ``G_{b,k} - mean_{j != b} G_{j,k}`` over the same rows; same zero cases.
+    * ``reinforce_pp``: ``G_{b,k}`` minus the batch mean of ``G_{.,k}`` (over rows with a turn k),
+      broadcast and whitened over all policy tokens of the batch.
+
+    ``gae`` is not accepted: put turn rewards on tokens with :func:`place_rewards_on_turn_ends`
+    and call :func:`gae_advantages`. Returns ``(advantages, returns)`` (B,T), 0 at masked tokens;
+    ``returns`` is ``G`` broadcast.
+    """
+    try:
+        if isinstance(estimator, str) and not isinstance(estimator, Estimator):
+            estimator = estimator.lower()
+        est = Estimator(estimator)
+    except ValueError:
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}; use one of {[e.value for e in Estimator]}"
+        ) from None
+    if est is Estimator.GAE:
+        raise ValueError(
+            "turn_credit_advantages does not take 'gae' (its critic assigns credit per token): place the "
+            "turn rewards with place_rewards_on_turn_ends and call gae_advantages / compute_advantages"
+        )
+    if baseline not in TURN_BASELINES:
+        raise ValueError(f"unknown turn baseline {baseline!r}; use one of {list(TURN_BASELINES)}")
+    if est in (Estimator.GRPO, Estimator.RLOO) and group_ids is None:
+        raise ValueError(
+            f"estimator {est.value!r} needs group_ids (one id per row; rows of the same task share an id); "
+            "pass group_ids=..., or use estimator='reinforce_pp' which needs no groups"
+        )
+    _check_2d("turn_mask", turn_mask)
+    _check_2d("turn_rewards", turn_rewards, turn_mask)
+    with torch.no_grad():
+        dtype = _float_dtype(turn_rewards)
+        tm = _bool_mask(turn_mask)
+        r = torch.where(tm, turn_rewards.to(dtype), torch.zeros((), dtype=dtype, device=turn_rewards.device))
+        G = turn_level_returns(r, tm, turn_gamma)
+        g_tok = broadcast_turns(G, tm, loss_mask).to(dtype)
+        m = _bool_mask(loss_mask).to(g_tok.device)
+        zeros = torch.zeros_like(g_tok)
+        if est is Estimator.REINFORCE_PP:
+            if baseline == "turn":
+                w = tm.to(dtype)
+                mean_k = (G * w).sum(dim=0) / w.sum(dim=0).clamp_min(1)
+                centred = broadcast_turns(G - mean_k[None, :], tm, loss_mask).to(dtype)
+                return masked_whiten(centred, m, eps=whiten_eps), g_tok
+            return masked_whiten(g_tok, m, eps=whiten_eps), g_tok
+        idx, n_groups = group_index(group_ids, r.shape[0], r.device)
+        if baseline == "turn":
+            count, total, std, tied = _turn_group_stats(G, tm, idx, n_groups)
+            if est is Estimator.GRPO:
+                a = G - total / count.clamp_min(1)
+                if norm_by_std:
+                    a = a / (std + eps)
+            else:
+                a = G - (total - G) / (count - 1).clamp_min(1)
+            a = torch.where(tm & ~tied & (count >= 2), a, torch.zeros_like(a))
+            return broadcast_turns(a, tm, loss_mask).to(dtype), g_tok
+        scores = r.sum(dim=1)
+        count, total, std, tied = _group_stats(scores, idx, n_groups)
+        if est is Estimator.GRPO:
+            adv = g_tok - (total / count)[:, None]
+            if norm_by_std:
+                adv = adv / (std + eps)[:, None]
+        else:
+            adv = g_tok - ((total - scores) / (count - 1).clamp_min(1))[:, None]
+        dead = (tied | (count < 2))[:, None]
+        adv = torch.where(m & ~dead, adv, zeros)
+    return adv, g_tok
 
 
 def compute_advantages(

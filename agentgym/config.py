@@ -86,8 +86,50 @@ class RolloutConfig(_Strict):
     env_workers: int = Field(16, ge=1, description="Threads stepping environments concurrently.")
 
 
+class CriticConfig(_Strict):
+    """The learned value function V(prefix) of PPO (estimator gae): trained with the clipped
+    value loss on the returns GAE computes from its own values before each update."""
+
+    model: Literal["none", "separate", "shared"] = Field(
+        "none",
+        description="none: no critic (grpo, rloo, reinforce_pp). separate: a value model built from "
+        "the same base as the policy (its transformer plus a linear value head), with its own "
+        "DeepSpeed engine and AdamW; costs a second model's memory; trains all its weights even "
+        "with trainer.lora. shared: a linear value head on the policy's last hidden states; the "
+        "value loss (x value_loss_coef) joins the policy loss in the policy's optimizer, so the "
+        "trunk learns from both. Exports write the critic beside the policy, in critic/.",
+    )
+    learning_rate: float = Field(
+        1e-5, gt=0,
+        description="AdamW learning rate of the critic (separate: its whole model; shared: the value "
+        "head only, the trunk keeps trainer.learning_rate). Constant: trainer.lr_schedule does "
+        "not apply to a separate critic; a shared head follows the policy's schedule.",
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the critic's parameters.")
+    grad_clip: float = Field(
+        1.0, gt=0, description="separate: gradient norm clip of the critic (shared: trainer.grad_clip)."
+    )
+    value_clip: float | None = Field(
+        0.5, gt=0,
+        description="PPO value clipping: the loss takes the larger of (V - R)^2 and (V_clip - R)^2 "
+        "with V_clip = V_old + clamp(V - V_old, -value_clip, value_clip); null disables it. In "
+        "reward units (episode rewards are in [0, 1]).",
+    )
+    value_loss_coef: float = Field(
+        0.5, gt=0,
+        description="Weight of the value loss 0.5 * agg((V - R)^2) (aggregated like "
+        "algorithm.loss_agg). shared: loss = policy loss + value_loss_coef * value loss; separate: "
+        "scales the critic's own loss (AdamW is nearly invariant to it; it matters against grad_clip).",
+    )
+
+
 class AlgorithmConfig(_Strict):
-    estimator: Estimator = Field(Estimator.GRPO, description="Advantage estimator.")
+    estimator: Estimator = Field(
+        Estimator.GRPO,
+        description="Advantage estimator: grpo / rloo (group baselines over rollout.group_size "
+        "samples of a task), reinforce_pp (batch-whitened returns), gae (PPO with a learned critic: "
+        "needs critic.model).",
+    )
     norm_adv_by_std: bool = Field(
         True, description="GRPO: divide by the group std (False gives Dr. GRPO)."
     )
@@ -98,7 +140,11 @@ class AlgorithmConfig(_Strict):
     dual_clip: float | None = Field(
         None, description="Dual-clip constant c > 1 for negative advantages; None disables."
     )
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference loss term.")
+    kl_coef: float = Field(
+        0.0, ge=0,
+        description="Weight of the KL to the reference (the initial policy, kept frozen): a loss "
+        "term, or a per-token reward penalty with kl_in_reward. 0: no reference model is built.",
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
     entropy_coef: float = Field(0.0, description="Entropy bonus weight (subtracted from the loss).")
     loss_agg: Literal[
@@ -109,11 +155,80 @@ class AlgorithmConfig(_Strict):
     skip_tied_groups: bool = Field(
         True, description="Drop groups whose rewards all tie (zero advantage, no signal)."
     )
+    credit: Literal["outcome", "turn"] = Field(
+        "outcome",
+        description="outcome: the episode reward sits on its last policy token and the estimator "
+        "spreads it (grpo/rloo: one advantage per episode). turn: each turn's own reward is used: "
+        "grpo/rloo/reinforce_pp give the tokens of turn k the return G_k = sum_{j>=k} "
+        "turn_gamma^(j-k) r_j of the turn rewards from k on, minus the estimator's baseline (grpo: "
+        "group mean / std of the episode outcomes; rloo: leave-one-out mean of the outcomes; "
+        "reinforce_pp: whitened over the batch); gae puts each turn's reward on that turn's last "
+        "policy token and lets the critic assign credit.",
+    )
+    turn_gamma: float = Field(
+        1.0, ge=0, le=1,
+        description="credit=turn with grpo/rloo/reinforce_pp: discount per TURN (not per token). 1 "
+        "gives turn k the reward still to come; lower values favour a turn's near rewards.",
+    )
+    turn_baseline: Literal["outcome", "turn"] = Field(
+        "turn",
+        description="credit=turn with grpo/rloo/reinforce_pp: what G_k is compared with. turn (default): "
+        "the estimator's statistics of the returns G_k at the same turn index k (grpo/rloo: over the "
+        "group's episodes that reached turn k; reinforce_pp: centred per turn index over the batch, "
+        "then whitened). outcome: the statistics of the episode outcomes (later turns, whose G_k "
+        "leaves out earlier rewards, then sit below the baseline on average: it learned slower in "
+        "our tests).",
+    )
+    kl_in_reward: bool = Field(
+        False,
+        description="False: KL to the reference is a loss term (kl_coef x KL of the current "
+        "policy). True: it is a reward penalty instead: every policy token gets reward "
+        "-kl_coef x KL(pi_old || pi_ref) (kl_estimator) before the estimator runs (grpo/rloo "
+        "score the episode's penalised sum); the KL loss term is then off. Needs kl_coef > 0.",
+    )
+    recompute_old_logprobs: bool = Field(
+        False,
+        description="False: the PPO ratio's old log-probs are the rollout engine's sampling "
+        "log-probs. True: recompute them with the trainer's current policy (dropout off) before "
+        "the first epoch, removing engine/trainer numeric mismatch (bf16 kernels, vLLM) from the "
+        "ratio, at one extra forward pass over the batch; metric old_logprob_abs_diff.",
+    )
+    critic: CriticConfig = Field(
+        default_factory=CriticConfig, description="The value function (estimator gae only)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmConfig":
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (got {self.dual_clip}); use e.g. 3.0 or null")
+        gae = self.estimator is Estimator.GAE
+        if gae and self.critic.model == "none":
+            raise ValueError(
+                "algorithm.estimator=gae needs a critic: set algorithm.critic.model to 'separate' (a "
+                "value model from the same base, its own optimizer) or 'shared' (a value head on the "
+                "policy), or use a critic-free estimator (grpo, rloo, reinforce_pp)"
+            )
+        if not gae and self.critic.model != "none":
+            raise ValueError(
+                f"algorithm.critic.model={self.critic.model} but estimator={self.estimator.value} "
+                "uses no critic; set algorithm.estimator: gae, or algorithm.critic.model: none"
+            )
+        if self.kl_in_reward and self.kl_coef <= 0:
+            raise ValueError(
+                "algorithm.kl_in_reward=true needs algorithm.kl_coef > 0 (the penalty per token is "
+                "-kl_coef x KL); set kl_coef (e.g. 0.01) or kl_in_reward: false"
+            )
+        if "turn_baseline" in self.model_fields_set and (self.credit == "outcome" or gae):
+            raise ValueError(
+                f"algorithm.turn_baseline={self.turn_baseline} is only used by credit: turn with grpo, "
+                "rloo or reinforce_pp; set credit: turn with one of those, or remove turn_baseline"
+            )
+        if self.turn_gamma != 1.0 and (self.credit == "outcome" or gae):
+            raise ValueError(
+                f"algorithm.turn_gamma={self.turn_gamma} is only used by credit: turn with grpo, "
+                "rloo or reinforce_pp (gae discounts per token with gamma); set credit: turn with "
+                "one of those, or leave turn_gamma at 1.0"
+            )
         return self
 
 
@@ -285,11 +400,6 @@ class PipelineConfig(_Strict):
                 f"algorithm.estimator={est.value} needs rollout.group_size >= 2 (a baseline needs "
                 "several samples of the same task); raise group_size or use reinforce_pp"
             )
-        if est is Estimator.GAE:
-            raise ValueError(
-                "algorithm.estimator=gae needs a critic, which this version does not build yet; "
-                "use grpo, rloo or reinforce_pp"
-            )
         batch = self.rollout.tasks_per_iteration * self.rollout.group_size
         if batch < self.algorithm.mini_batches:
             raise ValueError(
@@ -297,7 +407,14 @@ class PipelineConfig(_Strict):
                 f"({batch} episodes); lower mini_batches or raise tasks_per_iteration/group_size"
             )
         if self.rollout.engine == "vllm":
-            raise ValueError("rollout.engine=vllm is not available in this version; use hf")
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is None:
+                raise ValueError(
+                    "rollout.engine=vllm needs the vllm package, which lives in its own environment: "
+                    "run `bash scripts/setup_vllm_env.sh` and use .venv-vllm/bin/agentgym, or set "
+                    "rollout.engine: hf"
+                )
         return self
 
     @property

@@ -1,8 +1,9 @@
 """Training at world size N > 1: a resident group of N DeepSpeed ranks.
 
-``ResidentGroup`` has the interface of ``PolicyTrainer`` (``train_on_batch``, ``named_weights``,
-``save_hf``, ``save_checkpoint`` / ``load_checkpoint``, ``pad_id``, ``optimizer_steps``,
-``close``). It starts the ranks ONCE, with ``torchrun`` on this host or, given a hostfile, the
+``ResidentGroup`` has the interface of ``PolicyTrainer`` (``train_on_batch``, ``compute``,
+``named_weights``, ``save_hf``, ``save_checkpoint`` / ``load_checkpoint``, ``pad_id``,
+``optimizer_steps``, ``close``); a critic (estimator gae) lives in the ranks beside the policy.
+It starts the ranks ONCE, with ``torchrun`` on this host or, given a hostfile, the
 ``deepspeed`` launcher (pdsh) across hosts. Each rank builds a ``PolicyTrainer`` (one read of the
 weights from disk) and then waits for commands, so weights and optimizer state stay in the ranks'
 memory between iterations.
@@ -505,11 +506,15 @@ class ResidentGroup:
 
     # -- PolicyTrainer interface -----------------------------------------------------------
     def train_on_batch(self, batch, seed: int = 0) -> dict[str, float]:
-        tensors = {k: getattr(batch, k) for k in
-                   ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "advantages")}
-        res = self._command("train", {"batch": tensors, "seed": int(seed)})
+        res = self._command("train", {"batch": batch.tensors(), "seed": int(seed)})
         self.optimizer_steps = int(res[0]["optimizer_steps_total"])
         return dict(res[0]["metrics"])
+
+    def compute(self, batch, what) -> dict[str, torch.Tensor]:
+        """``PolicyTrainer.compute`` on every rank (ZeRO-3 gathers are collectives); rank 0's
+        results come back."""
+        res = self._command("compute", {"batch": batch.tensors(), "what": list(what)})
+        return dict(res[0]["tensors"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full policy weights (merged with LoRA), gathered by rank 0 and streamed here."""
@@ -600,6 +605,9 @@ def worker_main(argv: list[str] | None = None) -> int:
             elif op == "train":
                 batch = T.TrainBatch(**msg["batch"])
                 result["metrics"] = trainer.train_on_batch(batch, seed=msg["seed"])
+            elif op == "compute":
+                got = trainer.compute(T.TrainBatch(**msg["batch"]), msg["what"])
+                result["tensors"] = got if rank == 0 else {}
             elif op == "weights":
                 for name, t in trainer.named_weights():
                     if rank == 0:

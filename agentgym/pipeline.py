@@ -20,12 +20,12 @@ import torch
 
 from agentgym import algorithms as A
 from agentgym.chat import ChatFormatter
-from agentgym.config import PipelineConfig
+from agentgym.config import Estimator, PipelineConfig
 from agentgym.engines import create_engine
 from agentgym.models import resolve_model
 from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
 from agentgym.store import TrajectoryStore
-from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
+from agentgym.training import CRITIC_DIR, PolicyTrainer, TrainBatch, create_trainer
 from agentgym.types import Episode
 from env_adapters import make_env
 
@@ -96,6 +96,10 @@ class PolicySession:
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
         self._trainer: PolicyTrainer | None = None
         self.policy_version = 0
+        # (stage, iteration) -> {episode_id: critic values}: computed in the advantages step (GAE
+        # needs them) and reused by that iteration's update as the value clip's reference. A
+        # resumed update (no entry) recomputes them: the critic has not changed in between.
+        self._old_values: dict[tuple[int, int], dict[str, list[float]]] = {}
 
     @property
     def trainer(self) -> PolicyTrainer:
@@ -143,6 +147,11 @@ class PolicySession:
 
     # -- 2. advantages ---------------------------------------------------------------------
     def advantages(self, ref: IterationRef) -> dict[str, Any]:
+        """Advantages (and returns) of the iteration's committed episodes, committed as the
+        ``advantages`` table. Depending on ``algorithm``: episode outcome or per-turn rewards
+        (``credit``), a per-token KL penalty in the rewards (``kl_in_reward``: reference and, with
+        ``recompute_old_logprobs``, current-policy log-probs from the trainer), and for ``gae``
+        the critic's values (computed here, before the update, as GAE requires)."""
         algo = self.cfg.algorithm
         existing = self.store.manifest("advantages", ref.stage, ref.iteration)
         if existing is not None:
@@ -152,29 +161,58 @@ class PolicySession:
             manifest = self.store.write_advantages([], stage=ref.stage, iteration=ref.iteration,
                                                    estimator=algo.estimator.value)
             return {"rows": 0, "digest": manifest.digest, "reused": False, "tied_groups": 0.0}
-        width = max(len(e.input_ids) for e in episodes)
-        mask = torch.zeros((len(episodes), width))
-        for i, e in enumerate(episodes):
-            mask[i, : len(e.loss_mask)] = torch.as_tensor(e.loss_mask, dtype=torch.float32)
+        batch = self._episode_batch(episodes)
+        mask = batch.loss_mask
         rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
         groups = [e.group_id for e in episodes]
-        token_rewards = A.place_outcome_reward(rewards, mask)
-        adv, ret = A.compute_advantages(
-            algo.estimator, token_rewards, mask, groups,
-            gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_adv_by_std,
-        )
+        gae = algo.estimator is Estimator.GAE
+        extra: dict[str, float] = {}
+        need = ["values"] if gae else []
+        if algo.kl_in_reward:
+            need.append("ref_logprobs")
+            if algo.recompute_old_logprobs:  # the update recomputes them the same way (same policy)
+                need.append("logprobs")
+        computed = self.trainer.compute(batch, need) if need else {}
+        penalty = torch.zeros_like(mask)
+        if algo.kl_in_reward:
+            old_lp = computed.get("logprobs", batch.old_logprobs)
+            kl = A.kl_penalty(old_lp, computed["ref_logprobs"], algo.kl_estimator) * mask
+            penalty = -algo.kl_coef * kl
+            extra["kl"] = float(A.masked_mean(kl, mask))
+        if algo.credit == "turn":
+            turn_rewards, turn_mask = self._turn_rewards(episodes)
+            if gae:
+                token_rewards = A.place_rewards_on_turn_ends(turn_rewards, turn_mask, mask) + penalty
+            else:
+                turn_rewards = turn_rewards + A.turn_sums(penalty, turn_mask, mask)
+                adv, ret = A.turn_credit_advantages(
+                    algo.estimator, turn_rewards, turn_mask, mask, groups,
+                    turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline,
+                    norm_by_std=algo.norm_adv_by_std,
+                )
+        else:
+            token_rewards = A.place_outcome_reward(rewards, mask) + penalty
+        if not (algo.credit == "turn" and not gae):
+            adv, ret = A.compute_advantages(
+                algo.estimator, token_rewards, mask, groups, values=computed.get("values"),
+                gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_adv_by_std,
+            )
+        if gae:
+            values = computed["values"]
+            extra["explained_variance"] = A.explained_variance(values, ret, mask)
+            extra["value_mean"] = float(A.masked_mean(values, mask))
+            extra["return_mean"] = float(A.masked_mean(ret, mask))
+            self._old_values[(ref.stage, ref.iteration)] = {
+                e.episode_id: values[i, : len(e.input_ids)].tolist() for i, e in enumerate(episodes)}
         tied = A.tied_groups(rewards, groups)
         rows = [
             {"episode_id": e.episode_id,
              "advantages": adv[i, : len(e.input_ids)].tolist(),
-             "returns": ret[i, : len(e.input_ids)].tolist(),
-             "tied": bool(tied[i])}
+             "returns": ret[i, : len(e.input_ids)].tolist()}
             for i, e in enumerate(episodes)
         ]
-        manifest = self.store.write_advantages(
-            [{k: v for k, v in r.items() if k != "tied"} for r in rows],
-            stage=ref.stage, iteration=ref.iteration, estimator=algo.estimator.value,
-        )
+        manifest = self.store.write_advantages(rows, stage=ref.stage, iteration=ref.iteration,
+                                               estimator=algo.estimator.value)
         n_groups = len(set(groups))
         tied_groups = len({g for g, t in zip(groups, tied.tolist()) if t})
         adv_tokens = adv[mask.bool()]
@@ -183,30 +221,69 @@ class PolicySession:
             "tied_groups": float(tied_groups), "groups": float(n_groups),
             "adv_mean": float(adv_tokens.mean()) if adv_tokens.numel() else 0.0,
             "adv_std": float(adv_tokens.std()) if adv_tokens.numel() > 1 else 0.0,
+            **extra,
         }
+
+    def _episode_batch(self, episodes: list[Episode]) -> TrainBatch:
+        """The episodes as a padded ``TrainBatch`` (advantages 0), for the trainer's forwards."""
+        rows = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask, "old_logprobs": e.old_logprobs,
+                 "advantages": [0.0] * len(e.input_ids)} for e in episodes]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return TrainBatch.from_rows(rows, pad)
+
+    @staticmethod
+    def _turn_rewards(episodes: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, K) turn rewards and mask for ``credit=turn``: turn k of an episode is its k-th reply
+        (one run of policy tokens). A turn whose reply sampled no token has no tokens to credit:
+        its reward goes to the previous turn that has some."""
+        K = max((len(e.turns) for e in episodes), default=0)
+        r = torch.zeros(len(episodes), max(K, 1))
+        m = torch.zeros(len(episodes), max(K, 1), dtype=torch.bool)
+        for i, e in enumerate(episodes):
+            last = None
+            for k, t in enumerate(e.turns):
+                if t.gen_tokens > 0:
+                    m[i, k], last = True, k
+                    r[i, k] += t.reward
+                elif last is not None:
+                    r[i, last] += t.reward
+        return r, m
 
     # -- 3. update + weight sync -----------------------------------------------------------
     def update(self, ref: IterationRef) -> dict[str, Any]:
         algo = self.cfg.algorithm
         episodes = {e.episode_id: e for e in self.store.read_episodes(ref.stage, ref.iteration)}
         adv = self.store.read_table("advantages", stage=ref.stage, iteration=ref.iteration)
+        old_values = self._old_values.pop((ref.stage, ref.iteration), None)
+        critic = algo.critic.model != "none"
         rewards_by_group: dict[str, set[float]] = {}
         for e in episodes.values():
             if not e.infra_error:
                 rewards_by_group.setdefault(e.group_id, set()).add(e.reward)
+        group_estimator = algo.estimator in (Estimator.GRPO, Estimator.RLOO)
         rows = []
         skipped = 0
         for rec in adv.itertuples(index=False):
             e = episodes[rec.episode_id]
             if e.infra_error:
                 continue
-            if algo.skip_tied_groups and len(rewards_by_group[e.group_id]) == 1 and algo.estimator.value in ("grpo", "rloo"):
+            advantages = list(rec.advantages)
+            # a tied group has no signal, unless a KL penalty in the rewards gave it some
+            if (algo.skip_tied_groups and group_estimator and len(rewards_by_group[e.group_id]) == 1
+                    and not any(advantages)):
                 skipped += 1
                 continue
-            rows.append({"input_ids": e.input_ids, "loss_mask": e.loss_mask,
-                         "old_logprobs": e.old_logprobs, "advantages": list(rec.advantages)})
+            row = {"input_ids": e.input_ids, "loss_mask": e.loss_mask,
+                   "old_logprobs": e.old_logprobs, "advantages": advantages}
+            if critic:
+                row["returns"] = list(rec.returns)
+                row["old_values"] = old_values.get(e.episode_id) if old_values else None
+            rows.append(row)
         if not rows:
             return {"updated": False, "skipped_episodes": float(skipped), "policy_version": self.policy_version}
+        if critic and any(r["old_values"] is None for r in rows):
+            for r in rows:  # the trainer computes them before its first step
+                r["old_values"] = None
         batch = TrainBatch.from_rows(rows, self.trainer.pad_id)
         t0 = time.perf_counter()
         metrics = self.trainer.train_on_batch(batch, seed=self.cfg.seed * 7919 + ref.global_step)
@@ -226,4 +303,6 @@ class PolicySession:
         for f in Path(self.weights).iterdir():
             if f.is_file():
                 shutil.copy2(f, out / f.name)
+            elif f.name == CRITIC_DIR and f.is_dir():  # a restored checkpoint's critic
+                shutil.copytree(f, out / f.name, dirs_exist_ok=True)
         return out

@@ -15,27 +15,40 @@ mini-batch, and its loss is multiplied by N, because DeepSpeed averages gradient
 (1/N) * sum_r N * sum_micro w * grad = the full mini-batch gradient, the same as one process
 (only float summation order differs). Ranks run the same number of micro-batches (a rank
 with fewer pads with zero-weight passes) so ZeRO-3's per-forward collectives line up.
+
+Critic (``algorithm.critic``, estimator gae): ``separate`` is a second DeepSpeed engine (the
+base model's transformer plus a linear value head, its own AdamW) stepped once per policy
+optimizer step on the same micro-batches and weights; ``shared`` is a value head inside the
+policy's engine whose value loss joins the policy loss. Values ``V[:, t]`` are read from the
+hidden state at ``t - 1`` (the prefix the token at ``t`` was sampled from), aligned with
+``token_logprobs``. Old values (GAE's, and the value clip's reference) come with the batch or
+are computed before the first epoch; exports write the critic to ``critic/`` beside the policy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import math
 import os
 import random
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from agentgym import algorithms as A
 from agentgym.config import AlgorithmConfig, TrainerConfig
 
 CHECKPOINT_TAG = "ds"  # DeepSpeed's tag (subfolder) inside a checkpoint folder
+CRITIC_DIR = "critic"  # the critic's subfolder in exports and trainer checkpoints
+VALUE_HEAD_FILE = "value_head.safetensors"
+log = logging.getLogger(__name__)
 _RESERVED = "_agentgym"  # our own entry in DeepSpeed's client_state
 _WEIGHT_LOADS = 0  # policy weights read from disk by this process (from_pretrained, checkpoints)
 
@@ -59,37 +72,54 @@ class TrainBatch:
     loss_mask: torch.Tensor  # 1 = policy-sampled token
     old_logprobs: torch.Tensor  # float, 0 where loss_mask == 0
     advantages: torch.Tensor  # float, 0 where loss_mask == 0
+    returns: torch.Tensor | None = None  # float, the critic's regression targets (gae)
+    old_values: torch.Tensor | None = None  # float, the critic's values before the update (gae)
+
+    OPTIONAL = ("returns", "old_values")
 
     @classmethod
     def from_rows(cls, rows: list[dict], pad_id: int) -> "TrainBatch":
-        """``rows``: dicts with input_ids, loss_mask, old_logprobs, advantages (equal lengths)."""
+        """``rows``: dicts with input_ids, loss_mask, old_logprobs, advantages (equal lengths),
+        and optionally returns / old_values (all rows or none)."""
         if not rows:
             raise ValueError("TrainBatch.from_rows: no rows")
         width = max(len(r["input_ids"]) for r in rows)
         b = len(rows)
         ids = torch.full((b, width), pad_id, dtype=torch.long)
         attn = torch.zeros((b, width), dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.float32)
-        old = torch.zeros((b, width), dtype=torch.float32)
-        adv = torch.zeros((b, width), dtype=torch.float32)
+        cols = ["loss_mask", "old_logprobs", "advantages"]
+        for name in cls.OPTIONAL:
+            have = sum(r.get(name) is not None for r in rows)
+            if have not in (0, b):
+                raise ValueError(f"TrainBatch.from_rows: {have} of {b} rows have {name}; give it for all rows or none")
+            if have:
+                cols.append(name)
+        floats = {c: torch.zeros((b, width), dtype=torch.float32) for c in cols}
         for i, r in enumerate(rows):
             n = len(r["input_ids"])
-            if not (len(r["loss_mask"]) == len(r["old_logprobs"]) == len(r["advantages"]) == n):
+            if any(len(r[c]) != n for c in cols):
                 raise ValueError(f"row {i}: token columns differ in length")
             ids[i, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
             attn[i, :n] = 1
-            mask[i, :n] = torch.as_tensor(r["loss_mask"], dtype=torch.float32)
-            old[i, :n] = torch.as_tensor(r["old_logprobs"], dtype=torch.float32)
-            adv[i, :n] = torch.as_tensor(r["advantages"], dtype=torch.float32)
-        return cls(ids, attn, mask, old, adv)
+            for c in cols:
+                floats[c][i, :n] = torch.as_tensor(r[c], dtype=torch.float32)
+        return cls(ids, attn, **floats)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The batch's tensors by field name (optional fields only when set)."""
+        out = {k: getattr(self, k) for k in ("input_ids", "attention_mask", "loss_mask", "old_logprobs", "advantages")}
+        out.update({k: getattr(self, k) for k in self.OPTIONAL if getattr(self, k) is not None})
+        return out
+
     def select(self, idx: torch.Tensor | list[int]) -> "TrainBatch":
         idx = torch.as_tensor(idx, dtype=torch.long)
-        return TrainBatch(*(t[idx] for t in (
-            self.input_ids, self.attention_mask, self.loss_mask, self.old_logprobs, self.advantages)))
+        return TrainBatch(**{k: t[idx] for k, t in self.tensors().items()})
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        return TrainBatch(**{k: t.to(device) for k, t in self.tensors().items()})
 
 
 def _free_port() -> int:
@@ -157,6 +187,15 @@ def lr_lambda(cfg: TrainerConfig):
     return f
 
 
+def values_from_hidden(value_head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Values (B, T) float32: ``V[:, t] = head(hidden[:, t - 1])``, the value of the prefix the
+    token at ``t`` was sampled from (aligned with ``token_logprobs``); 0 at position 0."""
+    v = value_head(hidden[:, :-1]).squeeze(-1).float()
+    out = torch.zeros(hidden.shape[:2], dtype=v.dtype, device=v.device)
+    out[:, 1:] = v
+    return out
+
+
 def token_logprobs(
     model: torch.nn.Module, batch: TrainBatch, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -165,9 +204,19 @@ def token_logprobs(
     Only the hidden states of policy tokens go through the LM head (the vocabulary projection
     dominates memory for long multi-turn conversations).
     """
+    lp, ent, _ = _policy_forward(model, batch, temperature, with_entropy)
+    return lp, ent
+
+
+def _policy_forward(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, with_entropy: bool,
+    value_head: torch.nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``token_logprobs`` plus, given a value head, the values (B, T) from the same hidden states."""
     core = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     head = model.get_output_embeddings()
     hidden = core(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    values = values_from_hidden(value_head, hidden) if value_head is not None else None
     target_mask = batch.loss_mask[:, 1:].bool()  # token t+1 is predicted from position t
     h = hidden[:, :-1][target_mask]
     logits = head(h).float() / temperature
@@ -181,7 +230,7 @@ def token_logprobs(
         ent_tok = -(logp_all.exp() * logp_all).sum(-1)
         ent = torch.zeros_like(out)
         ent[:, 1:][target_mask] = ent_tok
-    return out, ent
+    return out, ent, values
 
 
 class _LogprobModel(torch.nn.Module):
@@ -192,17 +241,67 @@ class _LogprobModel(torch.nn.Module):
     and hooks the outputs to start each backward). Calling the policy's submodules directly
     silently dropped accumulated gradients under ZeRO-3."""
 
-    def __init__(self, policy: torch.nn.Module):
+    def __init__(self, policy: torch.nn.Module, value_head: torch.nn.Module | None = None):
         super().__init__()
         self.policy = policy
+        if value_head is not None:  # critic.model=shared: a value head on the policy's trunk
+            self.value_head = value_head
 
-    def forward(self, input_ids, attention_mask, loss_mask, temperature: float, with_entropy: bool):
+    def forward(self, input_ids, attention_mask, loss_mask, temperature: float, with_entropy: bool,
+                with_values: bool = False):
         batch = TrainBatch(input_ids, attention_mask, loss_mask, loss_mask, loss_mask)
-        return token_logprobs(self.policy, batch, temperature, with_entropy)
+        lp, ent, values = _policy_forward(self.policy, batch, temperature, with_entropy,
+                                          self.value_head if with_values else None)
+        return (lp, ent, values) if with_values else (lp, ent)
+
+
+class _ValueModel(torch.nn.Module):
+    """critic.model=separate: a transformer (the base model without its LM head) plus a linear
+    value head; what the critic's DeepSpeed engine wraps (forward: values (B, T))."""
+
+    def __init__(self, trunk: torch.nn.Module, value_head: torch.nn.Module):
+        super().__init__()
+        self.trunk = trunk
+        self.value_head = value_head
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return values_from_hidden(self.value_head, hidden)
+
+
+def _new_value_head(hidden_size: int) -> torch.nn.Linear:
+    """Zero-initialised: every value starts at 0 (rewards are in [0, 1]), deterministically."""
+    head = torch.nn.Linear(hidden_size, 1)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+    return head
+
+
+def _read_critic_folder(model_path: str | Path, mode: str) -> Path | None:
+    """The ``critic/`` folder an export wrote beside the policy, if it holds a ``mode`` critic."""
+    folder = Path(model_path) / CRITIC_DIR
+    meta_file = folder / "critic.json"
+    if not meta_file.is_file():
+        return None
+    saved = json.loads(meta_file.read_text()).get("model")
+    if saved != mode:
+        log.warning("%s holds a %r critic but algorithm.critic.model is %r: starting a fresh critic",
+                    folder, saved, mode)
+        return None
+    return folder
+
+
+def _load_value_head(head: torch.nn.Linear, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = load_file(str(folder / VALUE_HEAD_FILE))
+    head.load_state_dict({k: v.to(head.weight.dtype) for k, v in state.items()})
 
 
 class PolicyTrainer:
-    """A DeepSpeed engine over the policy, plus a frozen reference model when KL is used."""
+    """A DeepSpeed engine over the policy, plus a frozen reference model when KL is used and a
+    critic (a second engine, or a value head in the policy's) for estimator gae."""
 
     def __init__(
         self,
@@ -240,6 +339,7 @@ class PolicyTrainer:
             ))
             if trainer.gradient_checkpointing:
                 model.enable_input_require_grads()  # frozen embeddings: checkpoints need a grad path
+        self.critic_mode = algorithm.critic.model
         ds_config = {
             "train_micro_batch_size_per_gpu": trainer.micro_batch_size,
             "gradient_accumulation_steps": 1,
@@ -249,25 +349,60 @@ class PolicyTrainer:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=trainer.learning_rate, weight_decay=trainer.weight_decay,
-        )
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad],
+                   "lr": trainer.learning_rate, "weight_decay": trainer.weight_decay}]
+        head = None
+        if self.critic_mode == "shared":
+            head = _new_value_head(model.config.hidden_size)
+            saved = _read_critic_folder(model_path, "shared")
+            if saved is not None:
+                _load_value_head(head, saved)
+            groups.append({"params": list(head.parameters()), "lr": algorithm.critic.learning_rate,
+                           "weight_decay": algorithm.critic.weight_decay})
+        optimizer = torch.optim.AdamW(groups, lr=trainer.learning_rate, weight_decay=trainer.weight_decay)
         schedule = lr_lambda(trainer)
         # A callable: DeepSpeed builds the scheduler on the optimizer it really steps, steps it
         # at each accumulation boundary (= optimizer step) and keeps it in its checkpoints.
         self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
-            model=_LogprobModel(model), optimizer=optimizer, config=ds_config,
+            model=_LogprobModel(model, head), optimizer=optimizer, config=ds_config,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
         )
         if self.lora:
             self._adapter_only_checkpoints()
+        self.critic_engine = None
+        self.critic_steps = 0
+        if self.critic_mode == "separate":
+            self._build_separate_critic(model_path, ds_config)
         self.ref: torch.nn.Module | None = None
         if algorithm.kl_coef > 0:
             dtype = torch.bfloat16 if trainer.bf16 else torch.float32
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, local_files_only=True)
-            self.ref.eval().requires_grad_(False)
+            self.ref.eval().requires_grad_(False).to(self.engine.device)
         self.optimizer_steps = 0
+
+    def _build_separate_critic(self, model_path: str | Path, ds_config: dict[str, Any]) -> None:
+        """The value model: the base transformer (from the export's ``critic/`` when resuming,
+        else the policy's weights) plus a value head, in its own engine with its own AdamW."""
+        import deepspeed
+
+        cc = self.algo.critic
+        saved = _read_critic_folder(model_path, "separate")
+        trunk = AutoModel.from_pretrained(saved or model_path, dtype=torch.float32, local_files_only=True)
+        trunk.config.use_cache = False
+        if self.cfg.gradient_checkpointing:
+            trunk.gradient_checkpointing_enable()
+        head = _new_value_head(trunk.config.hidden_size)
+        if saved is not None:
+            _load_value_head(head, saved)
+        critic = _ValueModel(trunk, head)
+        optimizer = torch.optim.AdamW(critic.parameters(), lr=cc.learning_rate, weight_decay=cc.weight_decay)
+        self.critic_engine, self.critic_optimizer, _, _ = deepspeed.initialize(
+            model=critic, optimizer=optimizer, config={**ds_config, "gradient_clipping": cc.grad_clip},
+        )
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic_mode != "none"
 
     def _adapter_only_checkpoints(self) -> None:
         """DeepSpeed's ``exclude_frozen_parameters`` drops frozen parameters by their first name
@@ -365,7 +500,39 @@ class PolicyTrainer:
                 base.save_pretrained(out, state_dict=state, safe_serialization=True)
         if tokenizer is not None and self.rank == 0:
             tokenizer.save_pretrained(out)
+        if self.has_critic:
+            self._save_critic(out / CRITIC_DIR)
         return out
+
+    def _full_state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Full-tensor copies of ``module``'s parameters and buffers (gathered under ZeRO-3: a
+        collective, every rank must call)."""
+        with self._gathered(list(module.parameters())):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    def _save_critic(self, folder: Path) -> None:
+        """The critic as ``critic/``: ``critic.json``, ``value_head.safetensors`` and, for a
+        separate critic, its transformer as an HF folder (``AutoModel.from_pretrained`` loads it).
+        A trainer built on the export (``model_path``) starts from this critic."""
+        from safetensors.torch import save_file
+
+        if self.critic_mode == "separate":
+            critic = self.critic_engine.module
+            trunk_state = self._full_state(critic.trunk)
+            head_state = self._full_state(critic.value_head)
+        else:
+            critic, trunk_state = None, None
+            head_state = self._full_state(self.engine.module.value_head)
+        if self.rank != 0:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        if critic is not None:
+            critic.trunk.save_pretrained(folder, state_dict=trunk_state, safe_serialization=True)
+        save_file({k: v.contiguous() for k, v in head_state.items()}, str(folder / VALUE_HEAD_FILE))
+        (folder / "critic.json").write_text(json.dumps({
+            "model": self.critic_mode, "value_head": VALUE_HEAD_FILE,
+            "note": "values V[:, t] = value_head(hidden[:, t-1]) of the transformer's last hidden states",
+        }, indent=2))
 
     def save_checkpoint(self, ckpt_dir: str | Path, client_state: dict[str, Any] | None = None) -> Path:
         """Everything an exact resume needs: model (LoRA: adapters only), optimizer, learning-rate
@@ -377,8 +544,11 @@ class PolicyTrainer:
         state = dict(client_state or {})
         state[_RESERVED] = {"optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
                             "keys": sorted(client_state or {})}
+        state[_RESERVED]["critic_steps"] = self.critic_steps
         self.engine.save_checkpoint(str(ckpt), tag=CHECKPOINT_TAG, client_state=state,
                                     exclude_frozen_parameters=self.lora)
+        if self.critic_engine is not None:  # its own engine: model, AdamW moments, step counters
+            self.critic_engine.save_checkpoint(str(ckpt / CRITIC_DIR), tag=CHECKPOINT_TAG)
         torch.save(rng_state(), ckpt / CHECKPOINT_TAG / f"rng_rank{self.rank}.pt")
         torch.distributed.barrier()
         return ckpt
@@ -402,6 +572,16 @@ class PolicyTrainer:
             raise ValueError(f"checkpoint {ckpt} was written by {ours['world_size']} ranks; this "
                              f"trainer has {self.world_size} (resume with the same world_size)")
         self.optimizer_steps = int(ours.get("optimizer_steps", 0))
+        self.critic_steps = int(ours.get("critic_steps", 0))
+        if self.critic_engine is not None:
+            if not (ckpt / CRITIC_DIR / CHECKPOINT_TAG).is_dir():
+                raise FileNotFoundError(f"{ckpt} holds no critic checkpoint ({CRITIC_DIR}/{CHECKPOINT_TAG}/); "
+                                        "it was saved without algorithm.critic.model=separate")
+            cpath, _ = self.critic_engine.load_checkpoint(
+                str(ckpt / CRITIC_DIR), tag=CHECKPOINT_TAG, load_optimizer_states=True,
+                load_lr_scheduler_states=True)
+            if cpath is None:
+                raise RuntimeError(f"DeepSpeed could not load the critic checkpoint in {ckpt / CRITIC_DIR}")
         rng_file = ckpt / CHECKPOINT_TAG / f"rng_rank{self.rank}.pt"
         set_rng_state(torch.load(rng_file, weights_only=False))
         # DeepSpeed returns client_state with its own keys mixed in: keep only the caller's.
@@ -412,10 +592,55 @@ class PolicyTrainer:
     def close(self) -> None:
         """Nothing to release in-process (the interface matches ``ResidentGroup.close``)."""
 
+    # -- forward passes without an update ---------------------------------------------------
+    COMPUTABLE = ("logprobs", "values", "ref_logprobs")
+
+    @torch.no_grad()
+    def compute(self, batch: TrainBatch, what: tuple[str, ...] | list[str]) -> dict[str, torch.Tensor]:
+        """Forward passes over ``batch`` in micro-batches, dropout off, no gradient: any of
+        ``logprobs`` (the current policy's, as the PPO ratio's old log-probs), ``values`` (the
+        critic's V, (B, T)) and ``ref_logprobs`` (the frozen reference's). Each (B, T) float32 on
+        the CPU; log-probs are 0 at masked tokens. Every rank computes the whole batch (ZeRO-3's
+        gathers are collectives; the results are identical on every rank)."""
+        unknown = set(what) - set(self.COMPUTABLE)
+        if unknown:
+            raise ValueError(f"compute: unknown quantities {sorted(unknown)}; choose from {list(self.COMPUTABLE)}")
+        if "values" in what and not self.has_critic:
+            raise ValueError("compute('values') needs a critic: set algorithm.estimator=gae and "
+                             "algorithm.critic.model")
+        if "ref_logprobs" in what and self.ref is None:
+            raise ValueError("compute('ref_logprobs') needs the reference model: set algorithm.kl_coef > 0")
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in what}
+        was_training = self.engine.training
+        self.engine.eval()
+        if self.critic_engine is not None:
+            self.critic_engine.eval()
+        try:
+            for idx in torch.split(torch.arange(len(batch)), self.cfg.micro_batch_size):
+                mb = batch.select(idx).to(self.engine.device)
+                shared = "values" in what and self.critic_mode == "shared"
+                if "logprobs" in what or shared:
+                    out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False, shared)
+                    if "logprobs" in what:
+                        parts["logprobs"].append(out[0].float().cpu())
+                    if shared:
+                        parts["values"].append(out[2].float().cpu())
+                if "values" in what and self.critic_mode == "separate":
+                    parts["values"].append(self.critic_engine(mb.input_ids, mb.attention_mask).float().cpu())
+                if "ref_logprobs" in what:
+                    parts["ref_logprobs"].append(token_logprobs(self.ref, mb, self.temperature, False)[0].float().cpu())
+        finally:
+            self.engine.train(was_training)
+            if self.critic_engine is not None:
+                self.critic_engine.train(was_training)
+        return {k: torch.cat(v) for k, v in parts.items()}
+
     # -- update ----------------------------------------------------------------------------
     def _micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         agg = {"loss_agg": self.algo.loss_agg, "norm_length": norm_length}
-        lp, ent = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True)
+        shared = self.critic_mode == "shared"
+        out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True, shared)
+        lp, ent = out[0], out[1]
         loss, m = A.policy_loss(
             lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
             clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
@@ -426,7 +651,11 @@ class PolicyTrainer:
         metrics["entropy"] = float(ent_term.detach())
         if self.algo.entropy_coef:
             loss = loss - self.algo.entropy_coef * ent_term
-        if self.ref is not None:
+        if shared:
+            vloss, vm = self._value_loss(out[2], mb, norm_length)
+            loss = loss + self.algo.critic.value_loss_coef * vloss
+            metrics.update(vm)
+        if self.ref is not None and not self.algo.kl_in_reward:  # kl_in_reward: it is in the advantages
             with torch.no_grad():
                 ref_lp, _ = token_logprobs(self.ref, mb, self.temperature, False)
             kl = A.kl_penalty(lp, ref_lp, self.algo.kl_estimator)
@@ -434,6 +663,42 @@ class PolicyTrainer:
             loss = loss + self.algo.kl_coef * kl_term
             metrics["kl"] = float(kl_term.detach())
         return loss, metrics
+
+    def _value_loss(self, values: torch.Tensor, mb: TrainBatch,
+                    norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+        cc = self.algo.critic
+        vloss, vm = A.value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=cc.value_clip,
+                                 loss_agg=self.algo.loss_agg, norm_length=norm_length)
+        return vloss, {"vf_loss": vm["vf_loss"], "vf_clipfrac": vm["vf_clipfrac"], "vpred_mean": vm["vpred_mean"]}
+
+    def _critic_micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """critic.model=separate: the critic engine's loss on one micro-batch."""
+        values = self.critic_engine(mb.input_ids, mb.attention_mask)
+        vloss, vm = self._value_loss(values, mb, norm_length)
+        return self.algo.critic.value_loss_coef * vloss, vm
+
+    def _prepare(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
+        """What must be computed before the first optimizer step: recomputed old log-probs
+        (``recompute_old_logprobs``) and, with a critic, the old values if the batch lacks them."""
+        metrics: dict[str, float] = {}
+        what = []
+        if self.algo.recompute_old_logprobs:
+            what.append("logprobs")
+        if self.has_critic:
+            if batch.returns is None:
+                raise ValueError("the critic needs batch.returns (its regression targets, from the advantages step)")
+            if batch.old_values is None:
+                what.append("values")
+        if not what:
+            return batch, metrics
+        got = self.compute(batch, what)
+        if "logprobs" in got:
+            diff = (got["logprobs"] - batch.old_logprobs).abs()
+            metrics["old_logprob_abs_diff"] = float(A.masked_mean(diff, batch.loss_mask))
+            batch = replace(batch, old_logprobs=got["logprobs"])
+        if "values" in got:
+            batch = replace(batch, old_values=got["values"])
+        return batch, metrics
 
     def _weight(self, mb: TrainBatch, mini: TrainBatch) -> float:
         """Share of the mini-batch loss one micro-batch carries, so that the sum of weighted
@@ -454,9 +719,17 @@ class PolicyTrainer:
         With N ranks every rank gets the same ``batch`` and ``seed`` and trains on its slice
         (see the module docstring). Metrics: per-micro-batch means (``policy_loss``, ``entropy``,
         ...) over all ranks, ``loss`` = the exact mini-batch objective (weighted sum over its
-        micro-batches and ranks) averaged over optimizer steps, ``lr`` of the last step.
+        micro-batches and ranks) averaged over optimizer steps, ``lr`` of the last step. With a
+        critic also ``vf_loss``, ``vf_clipfrac``, ``vpred_mean`` (and for a separate one
+        ``critic_grad_norm``); with ``recompute_old_logprobs`` ``old_logprob_abs_diff`` (mean
+        |recomputed - engine| old log-prob over policy tokens). Recomputed old log-probs and
+        missing old values are computed before the first step (``compute``).
         """
+        batch, pre = self._prepare(batch)
         self.engine.train()
+        critic = self.critic_engine
+        if critic is not None:
+            critic.train()
         gen = torch.Generator().manual_seed(seed)
         history: dict[str, list[float]] = {}
         step_losses: list[float] = []
@@ -481,8 +754,14 @@ class PolicyTrainer:
                         w = self._weight(mb, mini)
                     else:  # this rank's slice ran out: a zero-weight pass keeps collectives aligned
                         mb, w = mini.select([0]), 0.0
+                    mb = mb.to(self.engine.device)
                     loss, m = self._micro_loss(mb, norm_length=batch.input_ids.shape[1])
                     self.engine.backward(loss * (w * n), scale_wrt_gas=False)
+                    if critic is not None:  # same micro-batch, same weight, its own engine
+                        critic.set_gradient_accumulation_boundary(k == passes - 1)
+                        closs, cm = self._critic_micro_loss(mb, norm_length=batch.input_ids.shape[1])
+                        critic.backward(closs * (w * n), scale_wrt_gas=False)
+                        m = {**m, **cm}
                     if k < len(micro):
                         step_loss += w * float(loss.detach())
                         for key, v in m.items():
@@ -493,26 +772,34 @@ class PolicyTrainer:
                 gn = self.engine.get_global_grad_norm()
                 if gn is not None:
                     history.setdefault("grad_norm", []).append(float(gn))
+                if critic is not None:
+                    critic.step()
+                    self.critic_steps += 1
+                    cgn = critic.get_global_grad_norm()
+                    if cgn is not None:
+                        history.setdefault("critic_grad_norm", []).append(float(cgn))
                 steps += 1
         if n > 1:  # exact objective: sum over ranks; micro-batch metrics: pooled over ranks
             t = torch.tensor(step_losses, dtype=torch.float64)
             torch.distributed.all_reduce(t)
             step_losses = t.tolist()
             pooled: list[dict[str, list[float]]] = [None] * n  # type: ignore[list-item]
-            local = {k: v for k, v in history.items() if k != "grad_norm"}
+            local = {k: v for k, v in history.items() if not k.endswith("grad_norm")}
             torch.distributed.all_gather_object(pooled, local)
             merged: dict[str, list[float]] = {}
             for h in pooled:
                 for k, v in h.items():
                     merged.setdefault(k, []).extend(v)
-            if "grad_norm" in history:
-                merged["grad_norm"] = history["grad_norm"]
+            for k in ("grad_norm", "critic_grad_norm"):  # already global (all-reduced) norms
+                if k in history:
+                    merged[k] = history[k]
             history = merged
         self.optimizer_steps += steps
         out = {k: float(np.nanmean(v)) if not all(np.isnan(v)) else float("nan") for k, v in history.items()}
         out["loss"] = float(np.mean(step_losses)) if step_losses else float("nan")
         out["lr"] = lr
         out["optimizer_steps"] = float(steps)
+        out.update(pre)
         return out
 
 

@@ -33,6 +33,8 @@ ITERATION_METRICS = (
     "rollout_seconds", "infra_error_episodes", "tied_groups", "adv_mean", "adv_std",
     "policy_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl",
     "grad_norm", "update_seconds", "optimizer_steps", "skipped_episodes",
+    "vf_loss", "vf_clipfrac", "explained_variance", "value_mean", "return_mean", "critic_grad_norm",
+    "old_logprob_abs_diff",
 )
 
 

@@ -14,6 +14,7 @@ import torch
 from agentgym.algorithms import (
     LOSS_AGG_MODES,
     aggregate_loss,
+    broadcast_turns,
     compute_advantages,
     entropy_from_logits,
     explained_variance,
@@ -23,12 +24,16 @@ from agentgym.algorithms import (
     masked_mean,
     masked_whiten,
     place_outcome_reward,
+    place_rewards_on_turn_ends,
     place_turn_rewards,
     policy_loss,
     reinforce_pp_advantages,
     rloo_advantages,
     tied_groups,
+    turn_credit_advantages,
+    turn_index,
     turn_level_returns,
+    turn_sums,
     value_loss,
 )
 from agentgym.config import Estimator
@@ -707,3 +712,257 @@ def test_masked_stats():
     assert explained_variance(rets, rets, m) == pytest.approx(1.0)
     assert explained_variance(torch.full_like(rets, 2.5), rets, m) == pytest.approx(0.0)
     assert math.isnan(explained_variance(rets, torch.full_like(rets, 3.0), m))  # Var[returns] = 0
+
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. turn-level credit
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_runs(mask_row):
+    """Maximal runs of policy tokens of one row: list of position lists, in order."""
+    runs, cur = [], []
+    for t, m in enumerate(mask_row):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+def ref_turn_credit(est, turn_rewards, turn_mask, mask, groups, gamma, baseline="outcome", norm=True, eps=1e-6):
+    """Per-row / per-turn loops: G_k, the estimator's baseline, broadcast onto the k-th run."""
+    B = len(mask)
+    G = ref_turn_returns(turn_rewards, turn_mask, gamma)
+    R = [sum(r for r, m in zip(rs, ms) if m) for rs, ms in zip(turn_rewards, turn_mask)]
+    turns = [[k for k, m in enumerate(ms) if m] for ms in turn_mask]  # existing turn columns
+    members = {}
+    for b, g in enumerate(groups or [None] * B):
+        members.setdefault(g, []).append(b)
+    adv_turn = [[0.0] * len(turn_mask[b]) for b in range(B)]
+    if est == "reinforce_pp":
+        centred = [list(row) for row in G]
+        if baseline == "turn":
+            for k in range(len(turn_mask[0])):
+                have = [b for b in range(B) if turn_mask[b][k]]
+                if have:
+                    mk = sum(G[b][k] for b in have) / len(have)
+                    for b in have:
+                        centred[b][k] = G[b][k] - mk
+        tok = [[0.0] * len(mask[b]) for b in range(B)]
+        for b in range(B):
+            for run, k in zip(ref_runs(mask[b]), turns[b]):
+                for t in run:
+                    tok[b][t] = centred[b][k]
+        flat = [tok[b][t] for b in range(B) for t in range(len(mask[b])) if mask[b][t]]
+        mean = sum(flat) / len(flat)
+        var = sum((x - mean) ** 2 for x in flat) / (len(flat) - 1)
+        adv = [[(tok[b][t] - mean) / math.sqrt(var + 1e-8) if mask[b][t] else 0.0 for t in range(len(mask[b]))]
+               for b in range(B)]
+    else:
+        for idx in members.values():
+            for b in idx:
+                for k in turns[b]:
+                    if baseline == "outcome":
+                        pool = [R[j] for j in idx]
+                        others = [R[j] for j in idx if j != b]
+                    else:
+                        pool = [G[j][k] for j in idx if turn_mask[j][k]]
+                        others = [G[j][k] for j in idx if j != b and turn_mask[j][k]]
+                    if len(pool) < 2 or max(pool) == min(pool):
+                        continue
+                    if est == "grpo":
+                        a = G[b][k] - statistics.mean(pool)
+                        adv_turn[b][k] = a / (statistics.stdev(pool) + eps) if norm else a
+                    else:
+                        adv_turn[b][k] = G[b][k] - sum(others) / len(others)
+        adv = [[0.0] * len(mask[b]) for b in range(B)]
+        for b in range(B):
+            for run, k in zip(ref_runs(mask[b]), turns[b]):
+                for t in run:
+                    adv[b][t] = adv_turn[b][k]
+    ret = [[0.0] * len(mask[b]) for b in range(B)]
+    for b in range(B):
+        for run, k in zip(ref_runs(mask[b]), turns[b]):
+            for t in run:
+                ret[b][t] = G[b][k]
+    return adv, ret
+
+
+def random_turn_batch(seed, B=12, T=40, n_groups=3, pad_turns=True):
+    """random_batch's layout (runs of policy tokens separated by env tokens) with one turn per run,
+    random turn rewards, and padding turns inserted at random columns."""
+    rng = random.Random(seed)
+    _, mask, _, _ = random_batch(seed, B=B, T=T)
+    n_runs = [len(ref_runs(row)) for row in mask]
+    K = max(n_runs) + (3 if pad_turns else 0)
+    tr, tm = [], []
+    for b in range(B):
+        cols = sorted(rng.sample(range(K), n_runs[b])) if pad_turns else list(range(n_runs[b]))
+        tr.append([round(rng.uniform(-0.5, 1.0), 3) if k in cols else rng.uniform(-9, 9) for k in range(K)])
+        tm.append([int(k in cols) for k in range(K)])
+    groups = [f"task{rng.randrange(n_groups)}" for _ in range(B)]
+    groups[0] = "solo"
+    # a group of two identical episodes: outcomes and every turn's return tie, advantages are 0
+    groups[1] = groups[2] = "tie"
+    mask[2], tr[2], tm[2] = list(mask[1]), list(tr[1]), list(tm[1])
+    return tr, tm, mask, groups
+
+
+def test_turn_index_and_turn_helpers_closed_form():
+    m = torch.tensor([[0, 1, 1, 0, 0, 1, 0, 1, 1, 1, 0],
+                      [0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+                      [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    seg, counts = turn_index(m)
+    assert seg.tolist()[0] == [-1, 0, 0, -1, -1, 1, -1, 2, 2, 2, -1]
+    assert seg.tolist()[1] == [-1, -1, 0, 0, 0] + [-1] * 6
+    assert counts.tolist() == [3, 1, 0]
+    # row 0: turns in columns 0, 2, 3 (column 1 is a padding turn); row 1: column 1
+    tr = t64([[0.1, 99.0, 0.2, 0.3], [99.0, 0.5, 99.0, 99.0], [99.0] * 4])
+    tm = torch.tensor([[1, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]])
+    b = broadcast_turns(tr, tm, m)
+    assert b.tolist()[0] == [0, 0.1, 0.1, 0, 0, 0.2, 0, 0.3, 0.3, 0.3, 0]
+    assert b.tolist()[1] == [0, 0, 0.5, 0.5, 0.5] + [0] * 6 and b[2].abs().sum() == 0
+    x = torch.arange(33, dtype=F64).reshape(3, 11)
+    assert turn_sums(x, tm, m).tolist() == [[1 + 2, 0, 5, 7 + 8 + 9], [0, 13 + 14 + 15, 0, 0], [0] * 4]
+    ends = place_rewards_on_turn_ends(tr, tm, m)
+    assert ends.tolist()[0] == [0, 0, 0.1, 0, 0, 0.2, 0, 0, 0, 0.3, 0]
+    assert ends.tolist()[1] == [0, 0, 0, 0, 0.5] + [0] * 6
+    # the same, through place_turn_rewards with explicit end indices
+    explicit = place_turn_rewards([[0.1, 0.2, 0.3], [0.5]], [[2, 5, 9], [4]], (2, 11), dtype=F64)
+    torch.testing.assert_close(ends[:2], explicit)
+    with pytest.raises(ValueError, match="row 0: 3 runs of policy tokens .* but 2 turns"):
+        broadcast_turns(tr, torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]]), m)
+    # no turns at all: zero columns are fine
+    assert broadcast_turns(torch.zeros(1, 0), torch.zeros(1, 0), torch.zeros(1, 5)).abs().sum() == 0
+
+
+def test_turn_credit_closed_form():
+    """Two episodes of one task, two turns each (gamma_turn = 0.5):
+    row 0 turn rewards (0.2, 0.6): G = (0.2 + 0.5 * 0.6, 0.6) = (0.5, 0.6), R = 0.8
+    row 1 turn rewards (0.1, 0.1): G = (0.15, 0.1), R = 0.2"""
+    m = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 1, 0, 1, 1, 0]])
+    tr, tm = t64([[0.2, 0.6], [0.1, 0.1]]), torch.ones(2, 2)
+    g = ["t", "t"]
+    adv, ret = turn_credit_advantages("grpo", tr, tm, m, g, turn_gamma=0.5, norm_by_std=False)
+    # outcome baseline: mean R = 0.5
+    torch.testing.assert_close(adv, t64([[0, 0.0, 0.0, 0, 0.1, 0], [0, -0.35, 0, -0.4, -0.4, 0]]))
+    torch.testing.assert_close(ret, t64([[0, 0.5, 0.5, 0, 0.6, 0], [0, 0.15, 0, 0.1, 0.1, 0]]))
+    std = math.sqrt(0.18)  # unbiased std of R = (0.8, 0.2)
+    adv_s, _ = turn_credit_advantages("grpo", tr, tm, m, g, turn_gamma=0.5)
+    torch.testing.assert_close(adv_s, adv / (std + 1e-6))
+    # RLOO with two rows: the other row's outcome is the baseline
+    adv_r, _ = turn_credit_advantages("rloo", tr, tm, m, g, turn_gamma=0.5)
+    torch.testing.assert_close(adv_r, t64([[0, 0.3, 0.3, 0, 0.4, 0], [0, -0.65, 0, -0.7, -0.7, 0]]))
+    # turn baseline: turn 0 compared with mean(0.5, 0.15) = 0.325, turn 1 with mean(0.6, 0.1) = 0.35
+    adv_t, _ = turn_credit_advantages("grpo", tr, tm, m, g, turn_gamma=0.5, baseline="turn", norm_by_std=False)
+    torch.testing.assert_close(adv_t, t64([[0, 0.175, 0.175, 0, 0.25, 0], [0, -0.175, 0, -0.25, -0.25, 0]]))
+    adv_tr, _ = turn_credit_advantages("rloo", tr, tm, m, g, turn_gamma=0.5, baseline="turn")
+    torch.testing.assert_close(adv_tr, t64([[0, 0.35, 0.35, 0, 0.5, 0], [0, -0.35, 0, -0.5, -0.5, 0]]))
+    # REINFORCE++: G broadcast, whitened over the 6 policy tokens
+    adv_p, ret_p = turn_credit_advantages("reinforce_pp", tr, tm, m, turn_gamma=0.5)
+    torch.testing.assert_close(adv_p, masked_whiten(ret_p, m))
+
+
+def test_turn_credit_with_gamma_one_gives_turn_zero_the_outcome_advantage():
+    tr, tm, mask, groups = random_turn_batch(3, pad_turns=False)
+    m = torch.tensor(mask)
+    rows = [sum(r for r, k in zip(rs, ks) if k) for rs, ks in zip(tr, tm)]
+    for est, fn in (("grpo", grpo_advantages), ("rloo", rloo_advantages)):
+        out_adv, _ = fn(place_outcome_reward(t64(rows), m), m, groups)
+        adv, _ = turn_credit_advantages(est, t64(tr), torch.tensor(tm), m, groups)
+        seg, _ = turn_index(m)
+        first = seg == 0
+        torch.testing.assert_close(adv[first], out_adv[first])
+    # one turn per episode: turn credit IS outcome credit, for every estimator and baseline
+    one = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0], [0, 1, 1, 1], [1, 1, 0, 0]])
+    R = t64([0.3, 0.9, 0.1, 0.4])
+    g = ["a", "a", "b", "b"]
+    for est in ("grpo", "rloo", "reinforce_pp"):
+        want, _ = compute_advantages(est, place_outcome_reward(R, one), one, g)
+        for baseline in ("outcome", "turn"):
+            got, _ = turn_credit_advantages(est, R[:, None], torch.ones(4, 1), one, g, baseline=baseline)
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("baseline", ["outcome", "turn"])
+@pytest.mark.parametrize("est", ["grpo", "rloo", "reinforce_pp"])
+def test_turn_credit_matches_reference(seed, baseline, est):
+    tr, tm, mask, groups = random_turn_batch(seed)
+    gamma = (1.0, 0.9, 0.5)[seed]
+    for norm in ((True, False) if est == "grpo" else (True,)):
+        adv, ret = turn_credit_advantages(est, t64(tr), torch.tensor(tm), torch.tensor(mask), groups,
+                                          turn_gamma=gamma, baseline=baseline, norm_by_std=norm)
+        ref_adv, ref_ret = ref_turn_credit(est, tr, tm, mask, groups, gamma, baseline, norm)
+        torch.testing.assert_close(ret, t64(ref_ret), rtol=0, atol=1e-9)
+        torch.testing.assert_close(adv, t64(ref_adv), rtol=0, atol=1e-6)
+    if est != "reinforce_pp":  # the size-1 group and the tied group get exactly 0
+        for b in (0, 1, 2):
+            assert adv[b].abs().sum() == 0
+        assert adv.abs().sum() > 0
+
+
+@pytest.mark.parametrize("baseline", ["outcome", "turn"])
+@pytest.mark.parametrize("est", ["grpo", "rloo", "reinforce_pp"])
+def test_turn_credit_ignores_env_tokens_and_padding_turns(est, baseline):
+    """Extra env tokens (inserted next to masked tokens, so no run is split) and extra padding
+    turns (at random columns, with garbage rewards) change nothing at the policy tokens."""
+    tr, tm, mask, groups = random_turn_batch(21, pad_turns=False)
+    adv, ret = turn_credit_advantages(est, t64(tr), torch.tensor(tm), torch.tensor(mask), groups,
+                                      turn_gamma=0.8, baseline=baseline)
+    rng = random.Random(9)
+    M2, maps = [], []
+    for row in mask:
+        nm, mp = [], []
+        for t, x in enumerate(row):
+            if not x and rng.random() < 0.5:  # an env token before this env token
+                nm.extend([0] * rng.randint(1, 3))
+            mp.append(len(nm))
+            nm.append(x)
+        nm.extend([0] * rng.randint(0, 4))
+        M2.append(nm)
+        maps.append(mp)
+    width = max(len(r) for r in M2)
+    M2 = [r + [0] * (width - len(r)) for r in M2]
+    K = len(tm[0])
+    pads = sorted(rng.sample(range(K + 3), 3))  # new padding columns
+    TR2, TM2 = [], []
+    for rs, ms in zip(tr, tm):
+        it = iter(zip(rs, ms))
+        row_r, row_m = [], []
+        for c in range(K + 3):
+            if c in pads:
+                row_r.append(rng.uniform(-50, 50)), row_m.append(0)
+            else:
+                r, x = next(it)
+                row_r.append(r), row_m.append(x)
+        TR2.append(row_r), TM2.append(row_m)
+    m2 = torch.tensor(M2)
+    adv2, ret2 = turn_credit_advantages(est, t64(TR2), torch.tensor(TM2), m2, groups, turn_gamma=0.8, baseline=baseline)
+    for b, mp in enumerate(maps):
+        idx = torch.tensor(mp)
+        torch.testing.assert_close(adv2[b, idx], adv[b], rtol=0, atol=1e-12)
+        torch.testing.assert_close(ret2[b, idx], ret[b], rtol=0, atol=1e-12)
+    assert adv2[m2 == 0].abs().sum() == 0 and ret2[m2 == 0].abs().sum() == 0
+
+
+def test_turn_credit_errors_say_how_to_fix():
+    tr, tm, mask, groups = random_turn_batch(2)
+    r, k, m = t64(tr), torch.tensor(tm), torch.tensor(mask)
+    with pytest.raises(ValueError, match="place_rewards_on_turn_ends"):
+        turn_credit_advantages("gae", r, k, m, groups)
+    with pytest.raises(ValueError, match="group_ids"):
+        turn_credit_advantages("grpo", r, k, m)
+    with pytest.raises(ValueError, match="unknown turn baseline"):
+        turn_credit_advantages("rloo", r, k, m, groups, baseline="step")
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        turn_credit_advantages("ppo", r, k, m, groups)
+    k2 = k.clone()
+    k2[3] = 0
+    with pytest.raises(ValueError, match="row 3: .* runs of policy tokens"):
+        turn_credit_advantages("grpo", r, k2, m, groups)

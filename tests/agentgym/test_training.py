@@ -1,5 +1,6 @@
 """DeepSpeed trainer: optimizer-step accounting, exact micro-batch accumulation, learning."""
 
+import math
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.training import PolicyTrainer, TrainBatch
 
 
-def _batch(vocab: int, n: int = 8, seed: int = 0) -> TrainBatch:
+def _batch(vocab: int, n: int = 8, seed: int = 0, returns: bool = False) -> TrainBatch:
     g = torch.Generator().manual_seed(seed)
     rows = []
     for i in range(n):
@@ -24,6 +25,8 @@ def _batch(vocab: int, n: int = 8, seed: int = 0) -> TrainBatch:
             "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
             "advantages": [(float(i % 3) - 1.0) * m for m in mask],
         })
+        if returns:  # the critic's targets: a per-row level plus a ramp along the row
+            rows[-1]["returns"] = [(0.2 * (i % 4) + 0.02 * t) * m for t, m in enumerate(mask)]
     return TrainBatch.from_rows(rows, pad_id=0)
 
 
@@ -89,33 +92,70 @@ def test_kl_to_reference_is_reported(tiny_path):
     assert m["kl"] >= 0.0 and tr.ref is not None
 
 
-LEARN = {"grpo": 15, "rloo": 15, "reinforce_pp": 15}
+# The learning sanity cases: algorithm overrides and the environment. ``*-turn`` cases play the
+# two-turn ``multi_char_share`` env (tests/agentgym/multiturn_env.py), where turns have their own
+# rewards; the others the one-turn keyword char_share task. Same seed, 15 iterations each.
+LEARN_ITERS = 15
+LEARN_TARGET = 0.5  # "iterations to target": first iteration whose 3-iteration mean reward >= this
+CRITIC = {"learning_rate": 5e-3}
+LEARN = {
+    "grpo": {"estimator": "grpo"},
+    "rloo": {"estimator": "rloo"},
+    "reinforce_pp": {"estimator": "reinforce_pp"},
+    "gae": {"estimator": "gae", "critic": {"model": "separate", **CRITIC}},
+    "gae-shared": {"estimator": "gae", "critic": {"model": "shared", **CRITIC}},
+    "grpo-turn": {"estimator": "grpo", "credit": "turn", "turn_baseline": "turn"},
+}
 
 
-@pytest.mark.parametrize("estimator", sorted(LEARN))
-def test_learning_sanity_reward_goes_up(tmp_path, model_cache, estimator):
+def iterations_to_target(rewards: list[float], target: float = LEARN_TARGET, window: int = 3) -> int | None:
+    """1-based count of iterations run when the trailing ``window``-iteration mean reward first
+    reaches ``target`` (None: not within the run)."""
+    for i in range(window - 1, len(rewards)):
+        if sum(rewards[i - window + 1: i + 1]) / window >= target:
+            return i + 1
+    return None
+
+
+@pytest.mark.parametrize("case", list(LEARN))
+def test_learning_sanity_reward_goes_up(tmp_path, model_cache, monkeypatch, case):
     """A trivially learnable task: share of the reply's letters in 'aeiou' (dense reward)."""
+    multi = case.endswith("-turn")
+    if multi:
+        import multiturn_env
+
+        multiturn_env.install(monkeypatch)
+        env, horizon = {"name": multiturn_env.NAME, "tasks": list(range(8)), "kwargs": {"turns": 2}}, 2
+    else:
+        env, horizon = {"name": "keyword", "tasks": list(range(8)),
+                        "kwargs": {"target": "aeiou", "mode": "char_share"}}, 1
     cfg = parse_config({
         "seed": 0, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": list(range(8)), "kwargs": {"target": "aeiou", "mode": "char_share"}}],
+        "envs": [env],
         "rollout": {"tasks_per_iteration": 4, "group_size": 4, "max_new_tokens": 8},
-        "algorithm": {"estimator": estimator, "ppo_epochs": 2, "mini_batches": 2},
+        "algorithm": {"ppo_epochs": 2, "mini_batches": 2, **LEARN[case]},
         "trainer": {"learning_rate": 5e-3, "bf16": False, "micro_batch_size": 8},
-        "schedule": {"stages": [{"horizon": 1, "iterations": LEARN[estimator]}]},
+        "schedule": {"stages": [{"horizon": horizon, "iterations": LEARN_ITERS}]},
         "store": {"root": str(tmp_path / "store")},
     })
-    session = PolicySession(cfg, f"learn-{estimator}")
+    session = PolicySession(cfg, f"learn-{case}")
     before = {k: v.clone() for k, v in session.engine.model.state_dict().items()}
-    rewards = []
+    rewards, ev = [], []
     t0 = time.perf_counter()
-    for step in range(LEARN[estimator]):
+    for step in range(LEARN_ITERS):
         ref = IterationRef(0, step, step)
-        rewards.append(session.collect(ref, horizon=1)["reward_mean"])
-        session.advantages(ref)
-        session.update(ref)
+        rewards.append(session.collect(ref, horizon=horizon)["reward_mean"])
+        ev.append(session.advantages(ref).get("explained_variance"))
+        out = session.update(ref)
+        assert out["optimizer_steps"] == 4
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    print(f"{estimator}: reward {first:.3f} -> {last:.3f} in {len(rewards)} iterations "
-          f"({time.perf_counter() - t0:.1f} s): {[round(r, 2) for r in rewards]}")
+    hit = iterations_to_target(rewards)
+    print(f"{case}: reward {first:.3f} -> {last:.3f} in {len(rewards)} iterations "
+          f"({time.perf_counter() - t0:.1f} s); iterations to 3-iteration mean >= {LEARN_TARGET}: "
+          f"{hit if hit is not None else f'not within {LEARN_ITERS}'}; {[round(r, 2) for r in rewards]}")
+    if LEARN[case]["estimator"] == "gae":
+        assert all(v is not None and not math.isnan(v) for v in ev[1:])
+        assert out["vf_loss"] >= 0 and "vf_clipfrac" in out
     assert last > first + 0.2, rewards
     after = session.engine.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the rollout engine got the new weights
@@ -247,3 +287,144 @@ def test_lora_learns_and_merged_weights_generate_like_the_adapters(tmp_path, tin
         merged_out = exported.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), **kw)
         engine_out = session.engine.model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), **kw)
     assert torch.equal(adapter_out, merged_out) and torch.equal(adapter_out, engine_out)
+
+
+# -- critic (estimator gae), recomputed old log-probs, KL in the reward -----------------------
+CRITIC_MODES = ["separate", "shared"]
+
+
+def _gae(mode: str, **algo) -> dict:
+    critic = {"model": mode, "learning_rate": 1e-2, **algo.pop("critic", {})}
+    return {"estimator": "gae", "critic": critic, **algo}
+
+
+def _critic_state(tr: PolicyTrainer) -> dict[str, torch.Tensor]:
+    module = tr.critic_engine.module if tr.critic_mode == "separate" else tr.engine.module.value_head
+    return {k: v.detach().clone().float() for k, v in module.state_dict().items()}
+
+
+def _value_mse(tr: PolicyTrainer, batch: TrainBatch) -> float:
+    from agentgym.algorithms import masked_mean
+
+    v = tr.compute(batch, ["values"])["values"]
+    return float(masked_mean((v - batch.returns) ** 2, batch.loss_mask))
+
+
+@pytest.mark.parametrize("mode", CRITIC_MODES)
+def test_critic_trains_with_exact_step_accounting(tiny_path, mode):
+    tr = _trainer(tiny_path, micro_batch_size=2, algo=_gae(mode, ppo_epochs=2, mini_batches=2))
+    batch = _batch(512, returns=True)
+    values0 = tr.compute(batch, ["values"])["values"]
+    assert values0.shape == batch.input_ids.shape and values0.abs().sum() == 0  # zero-initialised head
+    mse0 = _value_mse(tr, batch)
+    for it in range(3):
+        m = tr.train_on_batch(batch, seed=it)
+        assert m["optimizer_steps"] == 4
+    assert tr.optimizer_steps == 12 and tr.engine.global_steps == 12
+    for key in ("vf_loss", "vf_clipfrac", "vpred_mean", "policy_loss", "clipfrac_low", "clipfrac_high",
+                "approx_kl", "entropy", "grad_norm"):
+        assert key in m and math.isfinite(m[key]), key
+    if mode == "separate":
+        assert tr.critic_steps == 12 and tr.critic_engine.global_steps == 12  # one critic step per policy step
+        assert "critic_grad_norm" in m
+    assert _value_mse(tr, batch) < 0.5 * mse0  # the critic regresses onto the returns
+    with pytest.raises(ValueError, match="returns"):
+        tr.train_on_batch(_batch(512))
+
+
+@pytest.mark.parametrize("mode", CRITIC_MODES)
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum"])
+def test_critic_micro_batch_accumulation_is_exact(tiny_path, mode, loss_agg):
+    """The critic's update (and, shared, the policy's) is the same in 1, 3 or 8 micro-batches.
+    Tolerance: 0.5% of one AdamW step (lr 1e-3). The zero-initialised value head gives the trunk
+    near-zero gradients at first, and AdamW's m / sqrt(v) magnifies their float summation-order
+    differences (measured up to 1.6e-3 of a step)."""
+    batch = _batch(512, returns=True)
+    results = []
+    for micro in (8, 3, 1):
+        algo = _gae(mode, loss_agg=loss_agg, mini_batches=2, critic={"learning_rate": 1e-3})
+        tr = _trainer(tiny_path, micro_batch_size=micro, algo=algo)
+        tr.train_on_batch(batch)
+        results.append((_params(tr), _critic_state(tr)))
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            for k in want:
+                assert torch.allclose(want[k], got[k], atol=5e-6), (mode, loss_agg, k)
+
+
+@pytest.mark.parametrize("mode,kw", [("separate", {"zero_stage": 2}), ("separate", {"zero_stage": 3}),
+                                     ("shared", {"zero_stage": 2, "bf16": True})],
+                         ids=["separate-zero2", "separate-zero3", "shared-zero2-bf16"])
+def test_critic_checkpoint_resume_is_bit_exact(tmp_path, tiny_path, mode, kw):
+    algo = _gae(mode, mini_batches=2)
+    a = _trainer(tiny_path, micro_batch_size=2, algo=algo, **kw)
+    a.train_on_batch(_batch(512, seed=0, returns=True), seed=1)
+    a.save_checkpoint(tmp_path / "ckpt", {"global_step": 1})
+    want_metrics = a.train_on_batch(_batch(512, seed=3, returns=True), seed=2)
+    want, want_critic = _weights(a), a.compute(_batch(512, seed=4, returns=True), ["values"])["values"]
+
+    b = _trainer(tiny_path, micro_batch_size=2, algo=algo, **kw)
+    assert b.load_checkpoint(tmp_path / "ckpt") == {"global_step": 1}
+    assert b.critic_steps == (2 if mode == "separate" else 0)
+    got_metrics = b.train_on_batch(_batch(512, seed=3, returns=True), seed=2)
+    got, got_critic = _weights(b), b.compute(_batch(512, seed=4, returns=True), ["values"])["values"]
+    assert got_metrics["loss"] == want_metrics["loss"] and got_metrics["vf_loss"] == want_metrics["vf_loss"]
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    assert torch.equal(want_critic, got_critic)
+
+
+@pytest.mark.parametrize("mode", CRITIC_MODES)
+def test_export_keeps_the_policy_loadable_and_the_critic_beside_it(tmp_path, tiny_path, mode):
+    from transformers import AutoModelForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    tr = _trainer(tiny_path, micro_batch_size=4, algo=_gae(mode))
+    batch = _batch(512, returns=True)
+    tr.train_on_batch(batch)
+    out = tr.save_hf(tmp_path / "hf", tok)
+    policy = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    weights = _weights(tr)
+    assert {k for k, _ in policy.named_parameters()} == set(weights)  # no value head in the policy
+    for k, p in policy.named_parameters():
+        assert torch.equal(p, weights[k]), k
+    files = {f.name for f in (out / "critic").iterdir()}
+    assert {"critic.json", "value_head.safetensors"} <= files
+    assert ("model.safetensors" in files) == (mode == "separate")
+    # a trainer built on the export starts from the exported policy AND critic
+    again = PolicyTrainer(out, tok, TrainerConfig(learning_rate=1e-3, bf16=False), AlgorithmConfig(**_gae(mode)))
+    torch.testing.assert_close(again.compute(batch, ["values", "logprobs"]), tr.compute(batch, ["values", "logprobs"]),
+                               rtol=0, atol=0)
+
+
+def test_recompute_old_logprobs_makes_the_first_ratio_one(tiny_path):
+    """One optimizer step (1 epoch, 1 mini-batch): with recomputed old log-probs the PPO ratio
+    is exactly the on-policy 1 (no clipping); with the batch's (made-up) ones it is not."""
+    batch = _batch(512)
+    tr = _trainer(tiny_path, micro_batch_size=3, algo={"recompute_old_logprobs": True})
+    want = tr.compute(batch, ["logprobs"])["logprobs"]
+    m = tr.train_on_batch(batch)
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["clipfrac"] == 0.0
+    assert m["approx_kl"] == pytest.approx(0.0, abs=1e-10)
+    from agentgym.algorithms import masked_mean
+
+    diff = float(masked_mean((want - batch.old_logprobs).abs(), batch.loss_mask))
+    assert m["old_logprob_abs_diff"] == pytest.approx(diff)
+    plain = _trainer(tiny_path, micro_batch_size=3).train_on_batch(batch)
+    assert abs(plain["ratio_mean"] - 1.0) > 1e-3 and "old_logprob_abs_diff" not in plain
+
+
+def test_kl_in_reward_takes_kl_out_of_the_loss(tiny_path):
+    batch = _batch(512)
+    in_loss = _trainer(tiny_path, micro_batch_size=4, algo={"kl_coef": 0.5, "ppo_epochs": 2})
+    in_reward = _trainer(tiny_path, micro_batch_size=4, algo={"kl_coef": 0.5, "ppo_epochs": 2, "kl_in_reward": True})
+    # before any update the reference IS the policy
+    got = in_reward.compute(batch, ["ref_logprobs", "logprobs"])
+    torch.testing.assert_close(got["ref_logprobs"], got["logprobs"], rtol=0, atol=1e-6)
+    a, b = in_loss.train_on_batch(batch), in_reward.train_on_batch(batch)
+    assert "kl" in a and a["kl"] > 0 and "kl" not in b
+    assert a["loss"] != b["loss"]  # the KL term is in one loss only
+    with pytest.raises(ValueError, match="kl_coef"):
+        _trainer(tiny_path, micro_batch_size=4).compute(batch, ["ref_logprobs"])
+    with pytest.raises(ValueError, match="critic"):
+        in_loss.compute(batch, ["values"])

@@ -1,0 +1,50 @@
+"""A multi-turn, dense-reward test environment (a test helper, not a test module).
+
+``MultiTurnCharShare``: ``turns`` turns per episode; turn k's reward is the share of its reply's
+non-space characters that are in ``target``, divided by ``turns`` (so the turn rewards add up to
+an outcome in [0, 1]). A randomly initialised tiny model can climb it, and its turns have their
+own rewards: what turn-level credit assignment needs. ``install(monkeypatch)`` makes the
+pipeline's ``make_env`` build it under the name ``multi_char_share``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from env_adapters import make_env as _make_env
+from env_adapters.base import StepResult, TextEnv
+
+NAME = "multi_char_share"
+
+
+class MultiTurnCharShare(TextEnv):
+    name = NAME
+
+    def __init__(self, target: str = "aeiou", turns: int = 2):
+        self.target, self.turns = target, int(turns)
+        self.k, self.task = 0, -1
+
+    def system_prompt(self) -> str:
+        return "You are a helpful assistant. Follow the instruction exactly."
+
+    def reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
+        self.k, self.task = 0, int(task_id)
+        return f"Task {task_id}: write a reply using only the letters '{self.target}'.", {}
+
+    def step(self, action_text: str) -> StepResult:
+        chars = [c for c in action_text.strip() if not c.isspace()]
+        share = sum(c in self.target for c in chars) / len(chars) if chars else 0.0
+        self.k += 1
+        done = self.k >= self.turns
+        obs = "Done." if done else f"Again: only the letters '{self.target}'."
+        return StepResult(obs, share / self.turns, done, False, {"success": False, "format_error": not chars})
+
+
+def _make(name: str, **kwargs: Any) -> TextEnv:
+    return MultiTurnCharShare(**kwargs) if name == NAME else _make_env(name, **kwargs)
+
+
+def install(monkeypatch) -> None:
+    import agentgym.pipeline
+
+    monkeypatch.setattr(agentgym.pipeline, "make_env", _make)

@@ -1,0 +1,63 @@
+"""World size 2 with a critic (estimator gae): the ranks train the critic like one process.
+
+One resident group (~15-25 s on the 2-core machine), as tests/agentgym/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from agentgym.config import AlgorithmConfig, TrainerConfig
+from agentgym.distributed import ResidentGroup
+from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
+
+pytestmark = pytest.mark.timeout(300)
+
+WEIGHT_ATOL = 1e-5  # as test_distributed: 1% of one AdamW step at lr 1e-3
+
+
+def _batch(n: int, seed: int) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        length = 12 + i
+        ids = torch.randint(6, 512, (length,), generator=g).tolist()
+        mask = [0] * 5 + [1] * 4 + [0] * 2 + [1] * (length - 11)
+        rows.append({"input_ids": ids, "loss_mask": mask,
+                     "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
+                     "advantages": [(float(i % 3) - 1.0) * m for m in mask],
+                     "returns": [(0.2 * (i % 4) + 0.02 * t) * m for t, m in enumerate(mask)]})
+    return TrainBatch.from_rows(rows, pad_id=0)
+
+
+def test_two_ranks_train_a_separate_critic_like_one_process(tmp_path, tiny_path):
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    algo = AlgorithmConfig(estimator="gae", critic={"model": "separate", "learning_rate": 1e-3},
+                           mini_batches=2, recompute_old_logprobs=True)
+
+    def trainer_cfg(world: int) -> TrainerConfig:
+        return TrainerConfig(learning_rate=1e-3, bf16=False, zero_stage=2, micro_batch_size=2, world_size=world)
+
+    batch, probe = _batch(7, seed=0), _batch(3, seed=1)
+    group = create_trainer(tiny_path, tok, trainer_cfg(2), algo, seed=0)
+    try:
+        assert isinstance(group, ResidentGroup)
+        got = group.train_on_batch(batch, seed=5)
+        got_values = group.compute(probe, ["values", "logprobs"])
+        group.save_hf(tmp_path / "hf", tok)
+        assert (tmp_path / "hf" / "critic" / "model.safetensors").exists()
+    finally:
+        group.close()
+    single = PolicyTrainer(tiny_path, tok, trainer_cfg(1), algo, seed=0)
+    want = single.train_on_batch(batch, seed=5)
+    want_values = single.compute(probe, ["values", "logprobs"])
+    assert got["optimizer_steps"] == want["optimizer_steps"] == 2
+    assert got["vf_loss"] == pytest.approx(want["vf_loss"], rel=1e-5)
+    assert got["old_logprob_abs_diff"] == pytest.approx(want["old_logprob_abs_diff"], rel=1e-6)
+    assert got_values["values"][probe.loss_mask.bool()].abs().min() > 0  # the critic trained
+    for k in want_values:
+        worst = float((got_values[k] - want_values[k]).abs().max())
+        print(f"{k}: max diff 2 ranks vs 1 process {worst:.2e}")
+        assert worst <= 1e-4, k
