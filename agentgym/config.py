@@ -170,9 +170,9 @@ class AlgorithmConfig(_Strict):
         description="credit=turn with grpo/rloo/reinforce_pp: discount per TURN (not per token). 1 "
         "gives turn k the reward still to come; lower values favour a turn's near rewards.",
     )
-    turn_baseline: Literal["outcome", "turn"] = Field(
-        "turn",
-        description="credit=turn with grpo/rloo/reinforce_pp: what G_k is compared with. turn (default): "
+    turn_baseline: Literal["outcome", "turn"] | None = Field(
+        None,
+        description="credit=turn with grpo/rloo/reinforce_pp: what G_k is compared with (None: turn). turn: "
         "the estimator's statistics of the returns G_k at the same turn index k (grpo/rloo: over the "
         "group's episodes that reached turn k; reinforce_pp: centred per turn index over the batch, "
         "then whitened). outcome: the statistics of the episode outcomes (later turns, whose G_k "
@@ -218,7 +218,7 @@ class AlgorithmConfig(_Strict):
                 "algorithm.kl_in_reward=true needs algorithm.kl_coef > 0 (the penalty per token is "
                 "-kl_coef x KL); set kl_coef (e.g. 0.01) or kl_in_reward: false"
             )
-        if "turn_baseline" in self.model_fields_set and (self.credit == "outcome" or gae):
+        if self.turn_baseline is not None and (self.credit == "outcome" or gae):
             raise ValueError(
                 f"algorithm.turn_baseline={self.turn_baseline} is only used by credit: turn with grpo, "
                 "rloo or reinforce_pp; set credit: turn with one of those, or remove turn_baseline"

@@ -187,7 +187,7 @@ class PolicySession:
                 turn_rewards = turn_rewards + A.turn_sums(penalty, turn_mask, mask)
                 adv, ret = A.turn_credit_advantages(
                     algo.estimator, turn_rewards, turn_mask, mask, groups,
-                    turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline,
+                    turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline or "turn",
                     norm_by_std=algo.norm_adv_by_std,
                 )
         else:

@@ -129,9 +129,17 @@ def _free_port() -> int:
 
 
 def init_single_process_dist() -> None:
-    """DeepSpeed wants a process group even for one rank; set one up on loopback."""
+    """DeepSpeed wants a process group even for one rank; set one up on loopback.
+
+    A launcher (torchrun, deepspeed) sets MASTER_ADDR/PORT and the ranks; alone, a free port is
+    chosen for this process only: MASTER_PORT is removed again after the group exists, or every
+    child process (a Prefect worker's flow runs, torchrun's ranks) would inherit the same port
+    and fail to bind it. RANK/LOCAL_RANK/WORLD_SIZE stay: DeepSpeed reads LOCAL_RANK later.
+    """
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    own_port = "MASTER_PORT" not in os.environ
+    if own_port and not torch.distributed.is_initialized():
+        os.environ["MASTER_PORT"] = str(_free_port())
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(k, v)
     import importlib
@@ -147,8 +155,12 @@ def init_single_process_dist() -> None:
         # compile at every world size: it would cost each fresh machine (and rank) a compiler
         # run and buy training nothing.
         ds_torch_comm.build_shm_op = lambda: None
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    try:
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    finally:
+        if own_port:
+            os.environ.pop("MASTER_PORT", None)
 
 
 def seed_everything(seed: int) -> None:

@@ -32,6 +32,9 @@ from typing import Any, Generic, Protocol, TypeVar
 from env_adapters.base import InfraError, TextEnv
 
 log = logging.getLogger(__name__)
+# py4j logs an ERROR with a traceback whenever a gateway finds its JVM gone, including the JVMs
+# this module kills on purpose (pool shutdown at exit); JVM faults reach callers as InfraError.
+logging.getLogger("py4j").setLevel(logging.CRITICAL)
 
 T = TypeVar("T")
 
