@@ -33,6 +33,14 @@ class Sample:
     finish_reason: Literal["stop", "length"]
 
 
+def check_prompts(prompts: list[list[int]], cache_keys: list[str] | None) -> None:
+    """The argument checks every engine's ``generate`` makes."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: every prompt needs at least one token")
+    if cache_keys is not None and len(cache_keys) != len(prompts):
+        raise ValueError("generate: cache_keys needs one key per prompt")
+
+
 class InferenceEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  cache_keys: list[str] | None = None) -> list[Sample]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from agentgym.engines.base import Sample, SamplingParams
+from agentgym.engines.base import Sample, SamplingParams, check_prompts
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -145,10 +145,7 @@ class HFEngine:
         keys/values of each conversation are kept for its next, longer prompt."""
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("generate: every prompt needs at least one token")
-        if cache_keys is not None and len(cache_keys) != len(prompts):
-            raise ValueError("generate: cache_keys needs one key per prompt")
+        check_prompts(prompts, cache_keys)
         keys = cache_keys if self.keep_cache else None
         n = len(prompts)
         logits, cache, attn, next_pos = self._prefill(prompts, keys)

@@ -71,7 +71,7 @@ from typing import Any
 
 import torch
 
-from agentgym.engines.base import Sample, SamplingParams
+from agentgym.engines.base import Sample, SamplingParams, check_prompts
 
 # vLLM reads these when it is imported / the engine is built; set before either (overridable).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -426,10 +426,7 @@ class VLLMEngine:
         protocol; vLLM's prefix cache finds the conversation's earlier turns by itself."""
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("generate: every prompt needs at least one token")
-        if cache_keys is not None and len(cache_keys) != len(prompts):
-            raise ValueError("generate: cache_keys needs one key per prompt")
+        check_prompts(prompts, cache_keys)
         if self.llm is None:
             raise RuntimeError("generate: the engine is closed")
         n = len(prompts)
