@@ -102,6 +102,11 @@ class PolicySession:
         self._old_values: dict[tuple[int, int], dict[str, list[float]]] = {}
 
     @property
+    def has_trainer(self) -> bool:
+        """Whether the trainer was built (an evaluation-only session never builds one)."""
+        return self._trainer is not None
+
+    @property
     def trainer(self) -> PolicyTrainer:
         if self._trainer is None:  # built on first update: evaluation-only sessions skip it
             self._trainer = create_trainer(

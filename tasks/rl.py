@@ -6,6 +6,7 @@ the data itself goes through the trajectory store, so a retried task reads the s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ from agentgym.tracking import Tracker
 from tasks.runtime import get_session
 
 RESUME_CACHE = Path("~/.cache/agentgym/resume").expanduser()
+TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept
 
 
 @task(name="restore_policy", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -38,7 +40,9 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     if ref is None:
         get_session(config, run_id)
         return {"start_step": 0, "checkpoint": None}
-    dst = RESUME_CACHE / run_id / f"step-{ref.global_step:06d}"
+    # keyed by the artifact URI: the same run id in another tracking store is another checkpoint
+    uri_key = hashlib.sha256(ref.artifact_uri.encode()).hexdigest()[:16]
+    dst = RESUME_CACHE / run_id / f"step-{ref.global_step:06d}-{uri_key}"
     if not (dst / "config.json").exists():
         dst.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".download-", dir=dst.parent))
@@ -49,6 +53,8 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
         shutil.rmtree(staging, ignore_errors=True)
     session = get_session(config, run_id, weights=dst)
     session.policy_version = int(ref.meta.get("policy_version", ref.global_step))
+    if (dst / TRAINER_STATE).is_dir():  # exact resume: optimizer moments, schedule, RNG
+        session.trainer.load_checkpoint(dst / TRAINER_STATE)
     return {"start_step": ref.global_step, "checkpoint": ref.artifact_uri}
 
 
@@ -89,6 +95,8 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
     commits = [m.to_dict() for m in session.store.commits("episodes")]
     with tempfile.TemporaryDirectory(prefix="agentgym-ckpt-") as tmp:
         session.export(tmp)
+        if config.tracking.checkpoint_trainer_state and session.has_trainer:
+            session.trainer.save_checkpoint(Path(tmp, TRAINER_STATE), {"global_step": global_step})
         # lineage: the config and every trajectory commit that produced these weights
         Path(tmp, "agentgym_config.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
         return tracker.log_checkpoint(
