@@ -99,6 +99,18 @@ def _bool_mask(loss_mask: Tensor) -> Tensor:
     return loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
 
 
+def _estimator(estimator: Estimator | str) -> Estimator:
+    """``estimator`` as an :class:`Estimator` (case-insensitive); a clear error otherwise."""
+    try:
+        if isinstance(estimator, str) and not isinstance(estimator, Estimator):
+            estimator = estimator.lower()
+        return Estimator(estimator)
+    except ValueError:
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}; use one of {[e.value for e in Estimator]}"
+        ) from None
+
+
 def group_index(group_ids: Any, batch_size: int, device: torch.device | None = None) -> tuple[Tensor, int]:
     """Map ``group_ids`` (list of str/int, numpy array or 1-D tensor, length B) to a LongTensor
     ``(B,)`` of contiguous ints ``0..G-1`` (in order of first appearance for lists, sorted for
@@ -561,14 +573,7 @@ def turn_credit_advantages(
     and call :func:`gae_advantages`. Returns ``(advantages, returns)`` (B,T), 0 at masked tokens;
     ``returns`` is ``G`` broadcast.
     """
-    try:
-        if isinstance(estimator, str) and not isinstance(estimator, Estimator):
-            estimator = estimator.lower()
-        est = Estimator(estimator)
-    except ValueError:
-        raise ValueError(
-            f"unknown advantage estimator {estimator!r}; use one of {[e.value for e in Estimator]}"
-        ) from None
+    est = _estimator(estimator)
     if est is Estimator.GAE:
         raise ValueError(
             "turn_credit_advantages does not take 'gae' (its critic assigns credit per token): place the "
@@ -642,14 +647,7 @@ def compute_advantages(
     Returns ``(advantages, returns)``, (B,T), 0 at masked tokens. Raises ``ValueError`` saying how
     to fix a missing input or an unknown estimator.
     """
-    try:
-        if isinstance(estimator, str) and not isinstance(estimator, Estimator):
-            estimator = estimator.lower()
-        est = Estimator(estimator)
-    except ValueError:
-        raise ValueError(
-            f"unknown advantage estimator {estimator!r}; use one of {[e.value for e in Estimator]}"
-        ) from None
+    est = _estimator(estimator)
     if est in (Estimator.GRPO, Estimator.RLOO) and group_ids is None:
         raise ValueError(
             f"estimator {est.value!r} needs group_ids (one id per row; rows of the same task share an id "
