@@ -261,10 +261,12 @@ class PolicySession:
         adv = self.store.read_table("advantages", stage=ref.stage, iteration=ref.iteration)
         old_values = self._old_values.pop((ref.stage, ref.iteration), None)
         critic = algo.critic.model != "none"
-        rewards_by_group: dict[str, set[float]] = {}
-        for e in episodes.values():
-            if not e.infra_error:
-                rewards_by_group.setdefault(e.group_id, set()).add(e.reward)
+        scored = [e for e in episodes.values() if not e.infra_error]
+        tied = set()
+        if scored:
+            flags = A.tied_groups(torch.tensor([e.reward for e in scored], dtype=torch.float64),
+                                  [e.group_id for e in scored])
+            tied = {e.episode_id for e, t in zip(scored, flags.tolist()) if t}
         group_estimator = algo.estimator in (Estimator.GRPO, Estimator.RLOO)
         rows = []
         skipped = 0
@@ -274,8 +276,7 @@ class PolicySession:
                 continue
             advantages = list(rec.advantages)
             # a tied group has no signal, unless a KL penalty in the rewards gave it some
-            if (algo.skip_tied_groups and group_estimator and len(rewards_by_group[e.group_id]) == 1
-                    and not any(advantages)):
+            if algo.skip_tied_groups and group_estimator and e.episode_id in tied and not any(advantages):
                 skipped += 1
                 continue
             row = {"input_ids": e.input_ids, "loss_mask": e.loss_mask,
