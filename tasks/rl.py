@@ -6,14 +6,10 @@ the data itself goes through the trajectory store, so a retried task reads the s
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
-
-import mlflow
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -21,10 +17,10 @@ from prefect.cache_policies import NO_CACHE
 from agentgym import progress
 from agentgym.config import PipelineConfig
 from agentgym.pipeline import IterationRef
+from agentgym.registry import materialize
 from agentgym.tracking import Tracker
 from tasks.runtime import get_session
 
-RESUME_CACHE = Path("~/.cache/agentgym/resume").expanduser()
 TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept
 
 
@@ -40,17 +36,8 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     if ref is None:
         get_session(config, run_id)
         return {"start_step": 0, "checkpoint": None}
-    # keyed by the artifact URI: the same run id in another tracking store is another checkpoint
-    uri_key = hashlib.sha256(ref.artifact_uri.encode()).hexdigest()[:16]
-    dst = RESUME_CACHE / run_id / f"step-{ref.global_step:06d}-{uri_key}"
-    if not (dst / "config.json").exists():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".download-", dir=dst.parent))
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=ref.artifact_uri, dst_path=str(staging), tracking_uri=config.tracking.tracking_uri)
-        shutil.rmtree(dst, ignore_errors=True)
-        Path(local).rename(dst)
-        shutil.rmtree(staging, ignore_errors=True)
+    # a local folder, or downloaded once into a cache keyed by the artifact URI
+    dst = materialize(ref.artifact_uri, config.tracking.tracking_uri, config.model.cache_dir)
     session = get_session(config, run_id, weights=dst)
     session.policy_version = int(ref.meta.get("policy_version", ref.global_step))
     if (dst / TRAINER_STATE).is_dir():  # exact resume: optimizer moments, schedule, RNG
