@@ -132,6 +132,20 @@ class Tracker:
     def logged_steps(self, mlflow_run_id: str, key: str = "reward_mean") -> set[int]:
         return {m.step for m in self.client.get_metric_history(mlflow_run_id, key)}
 
+    def log_metrics_once(self, mlflow_run_ids: list[str], metrics: dict[str, Any], step: int,
+                         key: str = "reward_mean") -> list[str]:
+        """Log ``metrics`` at ``step`` to each run that has no ``key`` at that step yet.
+
+        Each run is checked on its own: a process killed between logging the stage run and the
+        pipeline run leaves the step on one of them only, and the resumed attempt must fill in
+        the other without doubling the first (MLflow keeps every value logged at a step).
+        Returns the runs that were written.
+        """
+        written = [r for r in mlflow_run_ids if step not in self.logged_steps(r, key)]
+        for run in written:
+            self.log_metrics(run, metrics, step)
+        return written
+
     def log_metrics(self, mlflow_run_id: str, metrics: dict[str, Any], step: int) -> None:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()

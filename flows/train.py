@@ -68,7 +68,6 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     child = tracker.stage_run(parent_mlflow_id, run_id, index, horizon, iterations)
     start = stage_start(config.stages, index)
     every = config.tracking.checkpoint_every
-    already = tracker.logged_steps(child)  # steps a killed attempt logged past its checkpoint
     history: list[dict[str, Any]] = []
     for it in range(start_iteration, iterations):
         gs = start + it
@@ -79,12 +78,12 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
         upd = update_policy(config, run_id, index, it, gs)
         metrics = {k: v for part in (rollout, adv, upd) for k, v in part.items() if k in ITERATION_METRICS}
         metrics["horizon"] = horizon
-        if gs not in already:  # never log a step twice (MLflow would keep both values)
-            tracker.log_metrics(child, metrics, step=gs)
-            tracker.log_metrics(parent_mlflow_id, metrics, step=gs)
-            tracker.log_trajectory_commit(
-                child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
-                rollout["digest"], rollout["rows"])
+        # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
+        # killed attempt may have logged past its checkpoint to one run or both
+        tracker.log_trajectory_commit(
+            child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
+            rollout["digest"], rollout["rows"])
+        tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs)
         if config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0:
             evaluate_checkpoint(config, run_id=run_id, k=config.tracking.eval_k,
                                 mlflow_run_id=parent_mlflow_id, step=gs + 1)

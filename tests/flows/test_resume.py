@@ -97,3 +97,21 @@ def test_resume_with_a_different_config_is_refused(tmp_path, model_cache):
                                 "tracking": {"tracking_uri": "elsewhere"}})  # allowed
     with pytest.raises(ResumeConflict, match="trainer.learning_rate"):
         tracker.pipeline_run("r1", {"run_id": "r1", "trainer": {"learning_rate": 5e-3}})
+
+
+def test_a_step_logged_to_one_run_only_is_completed_without_doubling(tmp_path):
+    """The kill can land between logging the stage run and the pipeline run: the resumed
+    attempt fills in the pipeline run and leaves the stage run's step alone."""
+    from agentgym.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "partial")
+    parent = tracker.pipeline_run("r1", {"run_id": "r1"})
+    child = tracker.stage_run(parent, "r1", 0, 2, 3)
+    tracker.log_metrics(child, {"reward_mean": 0.5}, step=3)  # the killed attempt got this far
+
+    written = tracker.log_metrics_once([child, parent], {"reward_mean": 0.75}, step=3)
+    assert written == [parent]
+    assert tracker.log_metrics_once([child, parent], {"reward_mean": 0.9}, step=3) == []
+    history = {r: [(m.step, m.value) for m in tracker.client.get_metric_history(r, "reward_mean")]
+               for r in (child, parent)}
+    assert history == {child: [(3, 0.5)], parent: [(3, 0.75)]}
