@@ -84,7 +84,9 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
             rollout["digest"], rollout["rows"])
         tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs)
-        if config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0:
+        # ...and the evaluation it may have run before its checkpoint
+        if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
+                and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
             evaluate_checkpoint(config, run_id=run_id, k=config.tracking.eval_k,
                                 mlflow_run_id=parent_mlflow_id, step=gs + 1)
         history.append({"global_step": gs, **metrics})

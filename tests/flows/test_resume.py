@@ -4,6 +4,7 @@ duplicated trajectory commits or MLflow metric steps."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,13 +24,15 @@ def _config(tmp: Path, model_cache: str) -> Path:
     cfg = {
         "run_id": "resume-test", "seed": 3,
         "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "aeiou", "mode": "char_share"}},
+        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "eval_tasks": [7],
+                  "kwargs": {"target": "aeiou", "mode": "char_share"}},
                  {"name": "keyword", "tasks": [3, 4], "kwargs": {"target": "yes"}}],
         "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6},
         "trainer": {"learning_rate": 1e-3, "bf16": False},
         "schedule": {"stages": STAGES},
         "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "resume", "checkpoint_every": 1},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "resume", "checkpoint_every": 1,
+                     "eval_every": 2, "eval_k": 1},
     }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -53,14 +56,15 @@ def test_sigkill_mid_stage_two_then_resume(tmp_path, model_cache):
     while not (commits / "1-1.json").exists():
         assert proc.poll() is None, proc.stdout.read()
         assert time.time() < deadline, "first run never reached stage 2"
-        time.sleep(0.2)
+        time.sleep(0.02)  # a tiny-model iteration takes ~0.2 s: poll well inside one
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
     second = _train(cfg, tmp_path)
     out, _ = second.communicate(timeout=400)
     assert second.returncode == 0, out
-    assert "resumed at step" in out
+    resumed = int(re.search(r"resumed at step (\d+)", out).group(1))
+    assert 2 < resumed < 6, f"the kill should land inside stage 2 (steps 2-5), resumed at {resumed}"
 
     episodes = pd.read_parquet(tmp_path / "store" / "resume-test" / "episodes")
     episodes["stage"] = episodes["stage"].astype(int)
@@ -81,6 +85,8 @@ def test_sigkill_mid_stage_two_then_resume(tmp_path, model_cache):
     assert len(parents) == 1
     steps = [m.step for m in client.get_metric_history(parents[0].info.run_id, "reward_mean")]
     assert sorted(steps) == list(range(7))  # no step logged twice, none missing
+    evals = [m.step for m in client.get_metric_history(parents[0].info.run_id, "eval/seconds")]
+    assert sorted(evals) == [2, 4, 6]  # the validation loop neither repeated nor skipped
     horizons = {m.step: m.value for m in client.get_metric_history(parents[0].info.run_id, "horizon")}
     assert horizons == {0: 1, 1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 3}
     stages = client.search_runs([exp.experiment_id], "tags.`agentgym.kind` = 'stage'")
@@ -115,3 +121,22 @@ def test_a_step_logged_to_one_run_only_is_completed_without_doubling(tmp_path):
     history = {r: [(m.step, m.value) for m in tracker.client.get_metric_history(r, "reward_mean")]
                for r in (child, parent)}
     assert history == {child: [(3, 0.5)], parent: [(3, 0.75)]}
+
+
+def test_an_evaluation_logged_before_the_kill_is_not_repeated(tmp_path, model_cache):
+    """A kill after the step-2 evaluation but before the step-2 checkpoint: the resumed run
+    replays the steps after its checkpoint and must not evaluate (and log) step 2 again."""
+    from agentgym.config import parse_config
+    from agentgym.tracking import Tracker
+    from flows.train import scaling_inter_rl
+
+    raw = yaml.safe_load(_config(tmp_path, model_cache).read_text())
+    raw["schedule"] = {"stages": [{"horizon": 1, "iterations": 4}]}
+    cfg = parse_config(raw)
+    tracker = Tracker(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+    parent = tracker.pipeline_run(cfg.run_id, cfg.model_dump(mode="json"))
+    tracker.log_metrics(parent, {"eval/seconds": -1.0}, step=2)  # what the killed attempt logged
+
+    scaling_inter_rl(cfg)
+    history = [(m.step, m.value) for m in tracker.client.get_metric_history(parent, "eval/seconds")]
+    assert sorted(history)[0] == (2, -1.0) and [s for s, _ in sorted(history)] == [2, 4]

@@ -27,14 +27,16 @@ def run(tmp_path_factory, model_cache):
         "run_id": "flow-test", "seed": 1,
         "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
         # a dense single-turn reward (so updates move weights) mixed with a multi-turn task
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "aeiou", "mode": "char_share"}},
+        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "eval_tasks": [7, 8],
+                  "kwargs": {"target": "aeiou", "mode": "char_share"}},
                  {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "yes"}}],
         "rollout": {"tasks_per_iteration": 4, "group_size": 2, "max_new_tokens": 6},
         "trainer": {"learning_rate": 1e-3, "bf16": False},
         "algorithm": {"skip_tied_groups": False},  # keep updates happening on a zero-reward task
         "schedule": {"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 3, "iterations": 2}]},
         "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "flow-test"},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "flow-test",
+                     "eval_every": 2, "eval_k": 2},
     })
     state = scaling_inter_rl(cfg, return_state=True)
     return cfg, state.result(), state.state_details.flow_run_id, tmp
@@ -85,6 +87,9 @@ def test_mlflow_runs_metrics_and_checkpoint(run):
     for key in ("success_rate", "turns_per_episode", "format_error_rate", "policy_loss", "entropy",
                 "clipfrac", "grad_norm", "gen_tokens_per_s"):
         assert client.get_metric_history(parent.info.run_id, key), key
+    # the validation loop: held-out tasks every eval_every=2 steps, on the pipeline run
+    assert [m.step for m in client.get_metric_history(parent.info.run_id, "eval/seconds")] == [2, 4]
+    assert {k for k in parent.data.metrics if k.startswith("eval/keyword/")}, parent.data.metrics.keys()
     ckpt = result["stages"][-1]["checkpoint"]
     local = Path(ckpt.replace("file://", ""))
     model = AutoModelForCausalLM.from_pretrained(local)
