@@ -122,6 +122,14 @@ class Tracker:
             return False
         return self.client.get_run(found).data.tags.get(TAG_DONE) == "true"
 
+    def run_link(self, mlflow_run_id: str) -> str:
+        """Markdown pointing at the run in the MLflow UI: a link for a tracking server, the
+        ``mlflow ui`` command for a local store."""
+        if self.uri.startswith(("http://", "https://")):
+            url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+            return f"[MLflow run {mlflow_run_id}]({url})"
+        return f"MLflow run `{mlflow_run_id}` (open with `mlflow ui --backend-store-uri {self.uri}`)"
+
     def finish_stage(self, stage_run_id: str) -> None:
         self.client.set_tag(stage_run_id, TAG_DONE, "true")
         self.client.set_terminated(stage_run_id, RunStatus.to_string(RunStatus.FINISHED))

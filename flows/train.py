@@ -42,17 +42,23 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def _stage_artifact(run_id: str, index: int, horizon: int, history: list[dict[str, Any]],
-                    tracking_uri: str, child: str) -> None:
+STAGE_TABLE_METRICS = ("reward_mean", "success_rate", "turns_per_episode", "format_error_rate")
+
+
+def _stage_artifact(tracker: Tracker, run_id: str, index: int, horizon: int, child: str) -> None:
+    """The stage's per-iteration table, read back from its MLflow run: a resumed stage shows
+    the iterations of every attempt, not only the last one's."""
     from prefect.artifacts import create_table_artifact
 
-    rows = [{"global_step": h["global_step"], "reward_mean": round(h["reward_mean"], 4),
-             "success_rate": round(h["success_rate"], 4), "turns_per_episode": round(h["turns_per_episode"], 2),
-             "format_error_rate": round(h["format_error_rate"], 4)} for h in history]
+    by_step: dict[int, dict[str, Any]] = {}
+    for key in STAGE_TABLE_METRICS:
+        for m in tracker.client.get_metric_history(child, key):
+            by_step.setdefault(m.step, {"global_step": m.step})[key] = round(m.value, 4)
     create_table_artifact(
-        key=f"stage-{index}-{run_id}".lower().replace("_", "-")[:100], table=rows,
-        description=f"ScalingInter-RL run {run_id}, stage {index} (horizon {horizon}). "
-                    f"MLflow child run {child} at {tracking_uri}",
+        key=f"stage-{index}-{run_id}".lower().replace("_", "-")[:100],
+        table=[by_step[step] for step in sorted(by_step)],
+        description=f"ScalingInter-RL run {run_id}, stage {index} (horizon {horizon}): "
+                    + tracker.run_link(child),
     )
 
 
@@ -68,7 +74,6 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     child = tracker.stage_run(parent_mlflow_id, run_id, index, horizon, iterations)
     start = stage_start(config.stages, index)
     every = config.tracking.checkpoint_every
-    history: list[dict[str, Any]] = []
     for it in range(start_iteration, iterations):
         gs = start + it
         pos = position(config.stages, gs)
@@ -89,7 +94,6 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
                 and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
             evaluate_checkpoint(config, run_id=run_id, k=config.tracking.eval_k,
                                 mlflow_run_id=parent_mlflow_id, step=gs + 1)
-        history.append({"global_step": gs, **metrics})
         logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
                     index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
         progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics)
@@ -97,8 +101,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             save_checkpoint(config, run_id, child, index, gs + 1)
     checkpoint = save_checkpoint(config, run_id, child, index, start + iterations)
     tracker.finish_stage(child)
-    if history:
-        _stage_artifact(run_id, index, horizon, history, config.tracking.tracking_uri, child)
+    _stage_artifact(tracker, run_id, index, horizon, child)
     return _stage_summary(tracker, child, index, horizon, iterations, checkpoint)
 
 

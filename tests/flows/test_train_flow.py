@@ -112,3 +112,30 @@ def test_prefect_records_flow_and_stage_subflows(run):
         assert sorted(r.name for r in subs) == ["stage-0-horizon-1", "stage-1-horizon-3"]
         assert all(r.state.is_completed() for r in subs)
         assert sorted(r.parameters["horizon"] for r in subs) == [1, 3]
+
+
+def test_stage_table_artifacts_link_their_mlflow_runs(run):
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    cfg, result, _, _ = run
+    with get_client(sync_client=True) as client:
+        for stage, steps in ((0, [0, 1]), (1, [2, 3])):
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[f"stage-{stage}-flow-test"])))
+            assert found and found[0].type == "table"
+            rows = found[0].data if isinstance(found[0].data, list) else json.loads(found[0].data)
+            assert [r["global_step"] for r in rows] == steps
+            assert {"reward_mean", "success_rate", "turns_per_episode", "format_error_rate"} <= set(rows[0])
+            child = result["stages"][stage]["mlflow_run_id"]
+            assert child in found[0].description and "mlflow ui --backend-store-uri" in found[0].description
+
+
+def test_run_link_points_at_a_tracking_server():
+    from agentgym.tracking import Tracker
+
+    tracker = Tracker.__new__(Tracker)  # no server to connect to: only the link is under test
+    tracker.uri, tracker.experiment_id = "http://127.0.0.1:5000/", "7"
+    assert tracker.run_link("abc") == "[MLflow run abc](http://127.0.0.1:5000/#/experiments/7/runs/abc)"
