@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -97,10 +98,22 @@ def train(
             bar["it"].update(1)
 
     progress.install(hook)
-    from flows.train import scaling_inter_rl
+    from flows.train import new_run_id, scaling_inter_rl
 
+    # the id is fixed here, not in the flow, so that a failed run can be told how to resume
+    cfg = cfg if cfg.run_id else cfg.model_copy(update={"run_id": new_run_id()})
     t0 = time.perf_counter()
-    result = scaling_inter_rl(cfg)
+    try:
+        result = scaling_inter_rl(cfg)
+    except Exception as e:  # noqa: BLE001 - reported with the way back in, then exit 1
+        if "it" in bar:
+            bar["it"].close()
+        sets = "".join(f" --set {shlex.quote(s)}" for s in set_)
+        console.print(f"run {cfg.run_id} failed: {type(e).__name__}: {e}", style="red", markup=False,
+                      soft_wrap=True)
+        console.print(f"resume it from its latest checkpoint:\n  agentgym train -c {shlex.quote(str(config))}"
+                      f"{sets} --run-id {cfg.run_id}", soft_wrap=True, markup=False)
+        raise typer.Exit(1) from None
     if "it" in bar:
         bar["it"].close()
     _print_summary(result, time.perf_counter() - t0)

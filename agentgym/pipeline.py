@@ -299,6 +299,15 @@ class PolicySession:
                 "skipped_episodes": float(skipped), "train_episodes": float(len(rows)),
                 "policy_version": self.policy_version, **metrics}
 
+    def close(self) -> None:
+        """Release the trainer (a resident group's ranks stop) and the inference engine."""
+        trainer, self._trainer = self._trainer, None
+        try:
+            if trainer is not None:
+                trainer.close()
+        finally:
+            self.engine.close()
+
     # -- 4. checkpoint ---------------------------------------------------------------------
     def export(self, out_dir: str | Path) -> Path:
         """Write the current policy as an HF folder (loads with ``from_pretrained``)."""

@@ -16,10 +16,11 @@ from prefect.cache_policies import NO_CACHE
 
 from agentgym import progress
 from agentgym.config import PipelineConfig
+from agentgym.distributed import GroupError
 from agentgym.pipeline import IterationRef
 from agentgym.registry import materialize
 from agentgym.tracking import Tracker
-from tasks.runtime import get_session
+from tasks.runtime import drop_session, get_session
 
 TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept
 
@@ -34,11 +35,11 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
     ref = tracker.latest_checkpoint(run_id)
     if ref is None:
-        get_session(config, run_id)
+        get_session(config, run_id, create=True)
         return {"start_step": 0, "checkpoint": None}
     # a local folder, or downloaded once into a cache keyed by the artifact URI
     dst = materialize(ref.artifact_uri, config.tracking.tracking_uri, config.model.cache_dir)
-    session = get_session(config, run_id, weights=dst)
+    session = get_session(config, run_id, weights=dst, create=True)
     session.policy_version = int(ref.meta.get("policy_version", ref.global_step))
     if (dst / TRAINER_STATE).is_dir():  # exact resume: optimizer moments, schedule, RNG
         session.trainer.load_checkpoint(dst / TRAINER_STATE)
@@ -66,8 +67,17 @@ def compute_advantages(config: PipelineConfig, run_id: str, stage: int, iteratio
 @task(name="update_policy", cache_policy=NO_CACHE)
 def update_policy(config: PipelineConfig, run_id: str, stage: int, iteration: int,
                   global_step: int) -> dict[str, Any]:
-    """PPO-clip steps on the committed batch, then sync the weights to the rollout engine."""
-    return get_session(config, run_id).update(IterationRef(stage, iteration, global_step))
+    """PPO-clip steps on the committed batch, then sync the weights to the rollout engine.
+
+    No retries: a failed update leaves the optimizer mid-step. When a training rank dies the
+    ``GroupError`` names it; the session (and what is left of its group) is dropped, so the
+    next attempt, a re-run with the same run id, starts a new group from the latest checkpoint.
+    """
+    try:
+        return get_session(config, run_id).update(IterationRef(stage, iteration, global_step))
+    except GroupError:
+        drop_session(run_id)
+        raise
 
 
 @task(name="save_checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

@@ -18,15 +18,27 @@ _sessions: dict[str, PolicySession] = {}
 _lock = threading.Lock()
 
 
-def get_session(config: PipelineConfig, run_id: str, weights: str | Path | None = None) -> PolicySession:
+def get_session(config: PipelineConfig | None, run_id: str, weights: str | Path | None = None,
+                create: bool = False) -> PolicySession:
+    """The run's live session. Only ``restore_policy`` creates one (``create=True``, from the
+    run's latest checkpoint): a task that finds none fails instead of silently starting over
+    from the base model."""
     with _lock:
         session = _sessions.get(run_id)
         if session is None:
+            if not create or config is None:
+                raise RuntimeError(
+                    f"no live policy session for run {run_id!r} in this process (it was dropped "
+                    "after a failure, or the flow did not start with restore_policy): re-run the "
+                    "pipeline with the same run id to resume from its latest checkpoint")
             session = PolicySession(config, run_id, weights=weights)
             _sessions[run_id] = session
         return session
 
 
 def drop_session(run_id: str) -> None:
+    """Forget the run's session and release it (a resident training group's ranks stop)."""
     with _lock:
-        _sessions.pop(run_id, None)
+        session = _sessions.pop(run_id, None)
+    if session is not None:
+        session.close()

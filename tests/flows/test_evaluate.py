@@ -102,7 +102,7 @@ def test_evaluate_checkpoint_on_a_live_training_session(registered):
 
     @flow
     def training_like():
-        session = get_session(cfg, "live-run")
+        session = get_session(cfg, "live-run", create=True)
         try:
             out = evaluate_checkpoint(cfg, run_id="live-run", k=1, mlflow_run_id=run, step=3)
             assert get_session(cfg, "live-run") is session  # evaluated in place, nothing reloaded
@@ -143,3 +143,16 @@ def test_cli_eval_run_and_champion(registered, tmp_path):
     assert "champion: v1" in out.output
     bad = runner.invoke(eval_app, ["run", "tiny", "-c", str(path), "--set", "rollout.group_sise=2"])
     assert bad.exit_code == 2
+
+
+def test_evaluating_a_run_with_no_live_session_says_how_to_resume(registered):
+    from tasks.evaluation import evaluate_checkpoint
+
+    cfg, _ = registered
+
+    @flow
+    def orphan():
+        return evaluate_checkpoint(cfg, run_id="never-started", k=1)
+
+    with pytest.raises(RuntimeError, match="no live policy session for run 'never-started'.*same run id"):
+        orphan()
