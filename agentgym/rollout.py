@@ -197,6 +197,8 @@ def run_episodes(
 def _fail(live: _Live, err: str) -> None:
     live.ep.infra_error = True
     live.ep.error = err
-    live.ep.reward = 0.0  # kept out of baselines and losses via infra_error, never scored
+    # Not scored: NaN, never a 0 that would read as the policy's failure (pandas' mean skips
+    # it; baselines, losses and metrics drop infra_error episodes explicitly).
+    live.ep.reward = float("nan")
     live.ep.success = False
     live.done = True

@@ -12,6 +12,8 @@ trainer consumes. Its token columns are the *exact* ids the engine saw and sampl
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 
@@ -69,5 +71,9 @@ class Episode:
             raise ValueError(f"episode {self.episode_id}: token columns differ in length")
         if any(lp != 0.0 for lp, m in zip(self.old_logprobs, self.loss_mask) if m == 0):
             raise ValueError(f"episode {self.episode_id}: log-prob on a masked token")
-        if not 0.0 <= self.reward <= 1.0:
+        if self.infra_error:
+            if not math.isnan(self.reward):
+                raise ValueError(f"episode {self.episode_id}: an infra_error episode is not scored "
+                                 f"(reward NaN), got {self.reward}")
+        elif not 0.0 <= self.reward <= 1.0:
             raise ValueError(f"episode {self.episode_id}: reward {self.reward} outside [0, 1]")

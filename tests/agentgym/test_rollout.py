@@ -1,5 +1,6 @@
 """The multi-turn rollout loop: token-in/token-out, masks, horizon, infra faults, seeds."""
 
+import math
 import threading
 import time
 
@@ -120,7 +121,7 @@ def test_infra_error_marks_episode_and_rest_completes(setup):
                        lambda name, **kw: _Flaky())
     bad = [e for e in eps if e.task_id == 1]
     good = [e for e in eps if e.task_id == 0]
-    assert all(e.infra_error and "server went away" in e.error and e.reward == 0.0 for e in bad)
+    assert all(e.infra_error and "server went away" in e.error and math.isnan(e.reward) for e in bad)
     assert all(not e.infra_error and e.num_turns == 3 for e in good)
 
 
@@ -158,3 +159,49 @@ def test_running_score_outcome_is_last_value_and_turns_add_up(setup):
     assert ep.reward == pytest.approx(0.4) and ep.terminated
     assert [round(t.reward, 6) for t in ep.turns] == [0.2, 0.3, -0.1]
     assert sum(t.reward for t in ep.turns) == pytest.approx(ep.reward)
+
+
+class _Counting(TextEnv):
+    """Counts its steps; terminates at step ``end_at`` or truncates at its own move limit
+    ``limit`` (like SciWorld / TextWorldExpress), else runs forever."""
+
+    name = "counting"
+
+    def __init__(self, end_at=None, limit=None):
+        self.end_at, self.limit, self.steps = end_at, limit, 0
+
+    def reset(self, task_id, seed=0):
+        self.steps = 0
+        return "start", {}
+
+    def step(self, action_text):
+        self.steps += 1
+        ended = self.end_at is not None and self.steps >= self.end_at
+        limited = not ended and self.limit is not None and self.steps >= self.limit
+        return StepResult(f"step {self.steps}", 1.0 if ended else 0.0, ended, limited,
+                          {"success": ended, "step_limit_reached": limited})
+
+
+@pytest.mark.parametrize("end_at, limit, turns, terminated, truncated", [
+    (None, None, 3, False, True),  # the horizon: the rollout truncates the third turn
+    (3, None, 3, True, False),     # the task ends exactly at the horizon: terminated, not cut
+    (None, 2, 2, False, True),     # the environment's own move limit, before the horizon
+])
+def test_horizon_is_truncation(setup, end_at, limit, turns, terminated, truncated):
+    """The TextEnv never sees the horizon: the rollout loop owns it (env_adapters/base.py).
+    Stepping to the horizon without termination makes that turn ``truncated`` (``terminated``
+    False), and the environment is never stepped past it."""
+    engine, fmt = setup
+    envs = []
+
+    def make(name, **kw):
+        envs.append(_Counting(end_at, limit))
+        return envs[-1]
+
+    ep, = run_episodes(engine, fmt, [EpisodeSpec("counting", 0, 0, "g", "e0")],
+                       RolloutSettings(horizon=3, max_new_tokens=3), make)
+    assert ep.num_turns == turns and envs[0].steps == turns
+    assert [t.truncated for t in ep.turns] == [False] * (turns - 1) + [truncated]
+    assert [t.terminated for t in ep.turns] == [False] * (turns - 1) + [terminated]
+    assert (ep.terminated, ep.truncated, ep.infra_error) == (terminated, truncated, False)
+    assert ep.success is terminated and ep.reward == (1.0 if terminated else 0.0)

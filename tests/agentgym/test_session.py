@@ -1,0 +1,63 @@
+"""PolicySession over one iteration with an unreachable environment server and a tied group:
+infra-error episodes are stored unscored (reward NaN) and left out of metrics, advantages and
+the update; the tied group is skipped and counted."""
+
+import math
+import socket
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from agentgym.config import parse_config
+from agentgym.pipeline import IterationRef, PolicySession
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:  # bound then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def session(tmp_path, model_cache):
+    cfg = parse_config({
+        "seed": 4, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "envs": [
+            {"name": "keyword", "tasks": [0], "kwargs": {"target": "aeiou", "mode": "char_share"}},
+            # an untrained model does not reply "xyzzy...": every reward is 0, a tied group
+            {"name": "keyword", "tasks": [1], "kwargs": {"target": "xyzzy"}},
+            {"name": "http", "tasks": [2], "kwargs": {
+                "base_url": f"http://127.0.0.1:{_dead_port()}", "env_name": "babyai", "retries": 0}},
+        ],
+        "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6},
+        "trainer": {"learning_rate": 1e-3, "bf16": False},
+        "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
+        "store": {"root": str(tmp_path / "store")},
+    })
+    s = PolicySession(cfg, "session-test")
+    yield s
+    s.close()
+
+
+def test_infra_errors_are_unscored_and_tied_groups_skipped(session):
+    ref = IterationRef(0, 0, 0)
+    rollout = session.collect(ref, horizon=1)
+    episodes = pd.read_parquet(f"{session.cfg.store.root}/session-test/episodes")
+    infra = episodes[episodes.infra_error]
+    assert len(infra) == 2 and infra.env.eq("http").all() and infra.reward.isna().all()
+    assert rollout["infra_error_episodes"] == 2
+    # the metric is the mean over scored episodes, which is also what pandas gives
+    assert rollout["reward_mean"] == pytest.approx(episodes.reward.mean())
+    assert rollout["reward_mean"] == pytest.approx(episodes[~episodes.infra_error].reward.mean())
+
+    adv = session.advantages(ref)
+    table = session.store.read_table("advantages", stage=0, iteration=0)
+    assert set(table.episode_id) == set(episodes[~episodes.infra_error].episode_id)
+    assert math.isfinite(adv["adv_mean"]) and math.isfinite(adv["adv_std"]) and adv["tied_groups"] == 1
+
+    tied = episodes[episodes.task_id == 1]
+    assert (tied.reward == 0).all(), "the fixture's tied group is not tied"
+    upd = session.update(ref)
+    assert upd["updated"] and upd["skipped_episodes"] == 2 and upd["train_episodes"] == 2
+    assert np.isfinite(upd["policy_loss"])
