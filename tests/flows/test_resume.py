@@ -91,6 +91,18 @@ def test_sigkill_mid_stage_two_then_resume(tmp_path, model_cache):
     assert horizons == {0: 1, 1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 3}
     stages = client.search_runs([exp.experiment_id], "tags.`agentgym.kind` = 'stage'")
     assert sorted(r.data.params["horizon"] for r in stages) == ["1", "2", "3"]
+    first_step = {"1": 0, "2": 2, "3": 6}
+    for r in stages:  # each stage run: its own steps once each, and one lineage input per commit
+        n = int(r.data.params["iterations"])
+        start = first_step[r.data.params["horizon"]]
+        assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "reward_mean")) == \
+            list(range(start, start + n))
+        names = [i.dataset.name for i in client.get_run(r.info.run_id).inputs.dataset_inputs]
+        assert sorted(names) == sorted(f"episodes/stage={r.data.params['stage']}/iteration={i}" for i in range(n))
+    # the CLI's summary: the per-stage table, the run id and where everything is
+    for line in ("ScalingInter-RL run resume-test", "run id:        resume-test (resumed at step",
+                 "trajectories:", "MLflow:", "checkpoint:", "turns table:"):
+        assert line in out, line
     assert all(r.data.tags.get("agentgym.stage_finished") == "true" for r in stages)
 
 

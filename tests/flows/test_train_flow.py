@@ -139,3 +139,26 @@ def test_run_link_points_at_a_tracking_server():
     tracker = Tracker.__new__(Tracker)  # no server to connect to: only the link is under test
     tracker.uri, tracker.experiment_id = "http://127.0.0.1:5000/", "7"
     assert tracker.run_link("abc") == "[MLflow run abc](http://127.0.0.1:5000/#/experiments/7/runs/abc)"
+
+
+def test_lineage_commits_as_dataset_inputs_and_in_the_checkpoint(run):
+    import json
+
+    cfg, result, _, _ = run
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    digests = {}
+    for stage in result["stages"]:
+        inputs = client.get_run(stage["mlflow_run_id"]).inputs.dataset_inputs
+        names = sorted(i.dataset.name for i in inputs)
+        s = stage["stage"]
+        assert names == [f"episodes/stage={s}/iteration={i}" for i in range(2)]
+        for i in inputs:
+            source = json.loads(i.dataset.source)
+            assert source["uri"].endswith("/flow-test/episodes") and source["rows"] == 8
+            digests[i.dataset.name] = source["sha256"]
+    # every checkpoint names the commits and the config that produced it
+    ckpt = Path(result["stages"][-1]["checkpoint"].replace("file://", ""))
+    meta = json.loads((ckpt / "agentgym_checkpoint.json").read_text())
+    assert {f"episodes/stage={c['stage']}/iteration={c['iteration']}": c["digest"]
+            for c in meta["episode_commits"]} == digests
+    assert json.loads((ckpt / "agentgym_config.json").read_text()) == cfg.model_dump(mode="json")
