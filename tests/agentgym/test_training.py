@@ -88,8 +88,27 @@ def test_zero_stages_agree(tiny_path, stage):
 
 def test_kl_to_reference_is_reported(tiny_path):
     tr = _trainer(tiny_path, micro_batch_size=4, algo={"kl_coef": 0.1, "ppo_epochs": 2})
+    initial = _params(tr)
     m = tr.train_on_batch(_batch(512))
-    assert m["kl"] >= 0.0 and tr.ref is not None
+    assert tr.ref is not None
+    assert m["kl"] > 0.0  # the second epoch's policy has moved away from the reference
+    ref = {k: v.detach().float() for k, v in tr.ref.named_parameters()}
+    assert all(torch.equal(initial[k], ref[k]) for k in ref)  # the reference stays frozen
+    assert any(not torch.equal(initial[k], v) for k, v in _params(tr).items())
+
+
+def test_entropy_bonus_raises_entropy(tiny_path):
+    """With zero advantages the policy gradient vanishes and only the bonus moves the policy."""
+    batch = _batch(512)
+    batch.advantages.zero_()
+    entropies = {}
+    for coef in (0.0, 0.5):
+        tr = _trainer(tiny_path, micro_batch_size=8, weight_decay=0.0, algo={"entropy_coef": coef})
+        entropies[coef] = [tr.train_on_batch(batch)["entropy"] for _ in range(3)]
+    flat, bonus = entropies[0.0], entropies[0.5]
+    assert flat[0] == pytest.approx(bonus[0])  # same start
+    assert flat[2] == pytest.approx(flat[0], abs=1e-6)  # nothing else moves it
+    assert bonus[2] > bonus[0] + 1e-3
 
 
 # The learning sanity cases: algorithm overrides and the environment. ``*-turn`` cases play the
