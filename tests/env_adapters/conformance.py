@@ -10,7 +10,19 @@ What it checks, for every task id:
   / ``truncated`` are ``bool``, ``info`` is a ``dict``; ``system_prompt()`` is a ``str``;
   ``valid_actions()`` is ``None`` or a list of ``str``;
 * **a scripted run** of ``horizon`` steps never raises (the script replays ``valid_actions()``
-  in a seeded order, or a fixed reply when the adapter lists none) and stops at ``terminated``;
+  in a seeded order, or a fixed reply when the adapter lists none) and stops at ``terminated``
+  or ``truncated``;
+* **truncation** -- in this codebase the horizon (max turns) is *not* the environment's: the
+  rollout loop (``agentgym.rollout.run_episodes``) marks the turn at the horizon ``truncated``
+  when the environment did not terminate there, and never steps past it; that half is asserted
+  in ``tests/agentgym/test_rollout.py::test_horizon_is_truncation``. What an adapter must do:
+  never report ``truncated`` on its own, *unless* it enforces its own move limit (SciWorld's
+  and TextWorldExpress's ``step_limit``). For such an adapter pass ``truncate_at``, the number
+  of well-formed steps after which it must truncate (with a factory that sets a small limit):
+  the checker then asserts ``truncated`` False before that step and, when the run has not
+  terminated earlier, ``truncated`` True and ``terminated`` False at that step (with
+  ``info["step_limit_reached"]``), and that at least one scripted run got there. The flags
+  are never both True (a move limit reached while the task ends is a termination);
 * **format errors** -- garbage replies (``""``, control bytes, 5,000 characters, a bare
   ``"Action:"``) return a normal :class:`StepResult` with ``info["format_error"] is True``,
   reward 0 and ``terminated`` False, never an exception; a well-formed reply does not set it;
@@ -67,16 +79,34 @@ def _script(env: TextEnv, rng: random.Random) -> str:
     return f"Thought:\nLet me try something.\n\nAction:\n{rng.choice(actions)}"
 
 
-def _run(env: TextEnv, task_id: int, seed: int, horizon: int, script_seed: int) -> list[tuple]:
+def _check_truncation(r: StepResult, step: int, truncate_at: int | None, where: str) -> None:
+    """``step`` is 1-based; see the module docstring (the horizon itself is the rollout's)."""
+    assert not (r.terminated and r.truncated), f"{where}: terminated and truncated both set"
+    if truncate_at is None or step < truncate_at:
+        assert not r.truncated, (
+            f"{where}: the adapter truncated on its own"
+            + ("" if truncate_at is None else f" before its move limit (step {truncate_at})")
+            + "; the horizon is the rollout loop's, not the environment's")
+    elif step == truncate_at and not r.terminated:
+        assert r.truncated, (
+            f"{where}: the adapter's move limit (step {truncate_at}) did not truncate")
+        assert r.info.get("step_limit_reached") is True, (
+            f"{where}: a move-limit truncation must set info['step_limit_reached']")
+
+
+def _run(env: TextEnv, task_id: int, seed: int, horizon: int, script_seed: int,
+         truncate_at: int | None = None) -> list[tuple]:
     """Reset, then play the scripted policy; returns the trace and checks every step."""
     obs, _ = _check_reset(env, task_id, seed)
     trace: list[tuple] = [(obs,)]
     rng = random.Random(script_seed)
     for t in range(horizon):
         reply = _script(env, rng)
-        r = _check_step(env.step(reply), where=f"task {task_id} step {t}")
+        where = f"task {task_id} seed {seed} step {t + 1}"
+        r = _check_step(env.step(reply), where=where)
         assert r.info.get("format_error") is not True, (
-            f"task {task_id} step {t}: a well-formed reply was a format error: {reply!r}")
+            f"{where}: a well-formed reply was a format error: {reply!r}")
+        _check_truncation(r, t + 1, truncate_at, where)
         trace.append((reply, r.observation, r.reward, r.terminated, r.truncated))
         if r.terminated or r.truncated:
             break
@@ -104,15 +134,20 @@ def check_env(
     horizon: int = 5,
     seeds: tuple[int, ...] = (0, 1),
     check_resources: bool = True,
+    truncate_at: int | None = None,
 ) -> dict[str, Any]:
     """Run the conformance checks; raises ``AssertionError`` naming the first violation.
 
     ``check_resources=False`` skips the thread/process/fd accounting of ``close()`` (for a
     client whose server runs in this same process, e.g. the HTTP conformance run).
+    ``truncate_at``: the step at which ``make()``'s adapter truncates by its own move limit
+    (``None``: it has none and must never truncate); it must be within ``horizon``.
     """
     assert task_ids, "give at least one task id"
+    assert truncate_at is None or 1 <= truncate_at <= horizon, (
+        f"truncate_at={truncate_at} must be within the horizon ({horizon}) to be checked")
     report: dict[str, Any] = {"steps": 0, "step_s": 0.0, "resets": 0, "reset_s": 0.0,
-                              "max_obs_chars": 0}
+                              "max_obs_chars": 0, "truncated_runs": 0}
 
     # ---- close releases resources (warm-up cycle first, so lazy imports are not counted)
     warm = make()
@@ -120,7 +155,7 @@ def check_env(
     warm.close()
     before = _resources()
     env = make()
-    _run(env, task_ids[0], 0, min(horizon, 2), 0)
+    _run(env, task_ids[0], 0, min(horizon, 2), 0, truncate_at)
     env.close()
     env.close()  # idempotent
     after = _resources() if check_resources else before
@@ -136,14 +171,15 @@ def check_env(
             for seed in seeds:
                 # ---- determinism across instances (and scripted run never raises)
                 t0 = time.perf_counter()
-                trace_a = _run(a, task_id, seed, horizon, script_seed=task_id * 7 + seed)
+                trace_a = _run(a, task_id, seed, horizon, task_id * 7 + seed, truncate_at)
                 elapsed = time.perf_counter() - t0
-                trace_b = _run(b, task_id, seed, horizon, script_seed=task_id * 7 + seed)
+                trace_b = _run(b, task_id, seed, horizon, task_id * 7 + seed, truncate_at)
                 assert trace_a[0] == trace_b[0], (
                     f"task {task_id} seed {seed}: two instances reset to different observations")
                 assert trace_a == trace_b, (
                     f"task {task_id} seed {seed}: the same replies gave different results")
                 report["steps"] += len(trace_a) - 1
+                report["truncated_runs"] += int(len(trace_a) > 1 and trace_a[-1][4])  # truncated
                 report["step_s"] += elapsed
                 report["max_obs_chars"] = max(
                     [report["max_obs_chars"], len(trace_a[0][0])]
@@ -169,6 +205,11 @@ def check_env(
     finally:
         a.close()
         b.close()
+    if truncate_at is not None:
+        assert report["truncated_runs"] > 0, (
+            f"no scripted run reached the move limit (step {truncate_at}) without terminating: "
+            "the truncation check was vacuous (or the adapter reports its move limit as "
+            "'terminated'); choose other task ids")
     # the step time includes the reset that starts each scripted run
     report["ms_per_step"] = 1000 * report["step_s"] / max(report["steps"], 1)
     report["ms_per_reset"] = 1000 * report["reset_s"] / max(report["resets"], 1)

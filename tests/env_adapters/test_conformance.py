@@ -1,8 +1,12 @@
-"""Every in-process adapter passes the conformance suite (tests/env_adapters/conformance.py)."""
+"""Every in-process adapter passes the conformance suite (tests/env_adapters/conformance.py).
+
+Every adapter's package is a required dependency (pyproject.toml), so a missing one is a
+failure here, never a skip.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -15,7 +19,7 @@ for _p in (str(_HERE.parents[1]), str(_HERE)):  # repo root (env_adapters) and t
 
 from conformance import check_env  # noqa: E402
 
-from env_adapters import make_env  # noqa: E402
+from env_adapters import ADAPTERS, make_env  # noqa: E402
 
 CASES = {
     # BabyAI: GoToRedBallGrey, GoToObjS6 (-v1), Open, Pickup, and level 1 with minigrid seed 1
@@ -30,16 +34,42 @@ CASES = {
     "textworld": [0, 1, 2],
 }
 
+HORIZON = 5
+
+# Adapters with their own move limit run the suite with a small one, so that the checker sees
+# them truncate within the horizon: (constructor kwargs, the step at which they truncate).
+# ScienceWorld ends a game once moves > envStepLimit (so step_limit=3 truncates the 4th step);
+# the TextWorldExpress adapter truncates the step that reaches its step_limit.
+MOVE_LIMITS: dict[str, tuple[dict, int]] = {
+    "sciworld": ({"step_limit": 3}, 4),
+    "textworld": ({"step_limit": 4}, 4),
+}
+
+
+def env_kwargs(env_name: str) -> dict:
+    return dict(MOVE_LIMITS[env_name][0]) if env_name in MOVE_LIMITS else {}
+
+
+def truncate_at(env_name: str) -> int | None:
+    return MOVE_LIMITS[env_name][1] if env_name in MOVE_LIMITS else None
+
+
+def test_every_adapter_is_checked_and_importable() -> None:
+    # "http" is the remote client: tests/env_adapters/test_conformance_http.py runs it
+    assert set(ADAPTERS) - {"http"} == set(CASES), "add the new adapter to CASES"
+    for name, target in ADAPTERS.items():
+        module, cls = target.split(":")
+        assert hasattr(importlib.import_module(module), cls), f"{name}: {target} not found"
+
 
 @pytest.mark.parametrize("env_name", sorted(CASES))
 def test_conformance(env_name: str) -> None:
-    from env_adapters import ADAPTERS
-
-    module = ADAPTERS[env_name].split(":")[0]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not there yet")
-    report = check_env(lambda: make_env(env_name), CASES[env_name], horizon=5)
+    report = check_env(lambda: make_env(env_name, **env_kwargs(env_name)), CASES[env_name],
+                       horizon=HORIZON, truncate_at=truncate_at(env_name))
     print(f"{env_name}: {report['steps']} steps, {report['ms_per_step']:.2f} ms/step "
           f"(incl. reset), {report['ms_per_reset']:.2f} ms/reset, "
-          f"longest observation {report['max_obs_chars']} chars")
+          f"longest observation {report['max_obs_chars']} chars, "
+          f"{report['truncated_runs']} runs truncated")
     assert report["steps"] > 0
+    if env_name in MOVE_LIMITS:
+        assert report["truncated_runs"] > 0

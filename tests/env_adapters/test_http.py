@@ -24,8 +24,8 @@ from env_adapters.http_server import create_app
 
 pytestmark = pytest.mark.timeout(60)
 
-uvicorn = pytest.importorskip("uvicorn")
-fastapi = pytest.importorskip("fastapi")
+# uvicorn and fastapi are required dependencies (pyproject.toml): missing is a failure, no skip
+import uvicorn  # noqa: E402
 from fastapi import APIRouter, FastAPI, Request  # noqa: E402
 from fastapi.responses import PlainTextResponse  # noqa: E402
 
@@ -229,6 +229,70 @@ def test_server_killed_mid_episode_raises_infra_error_quickly(counter_registered
         env.reset(1)
     assert time.monotonic() - t0 < 3 * 2 + 0.15 + 1.0
     env.close()  # never raises, even with the server gone
+
+
+def test_refused_connections_are_retried_with_backoff_until_the_server_is_up(
+        counter_registered, monkeypatch):
+    """The server is down for the first attempts (its port is bound but not yet listening, so
+    connections are refused) and comes up 0.3 s later: ``reset`` (``/create``, then ``/reset``)
+    succeeds after retrying, with ``backoff_s * 2**k`` sleeps in between. ``/create`` is not
+    idempotent, but a refused connection never reached the server, so it is retried."""
+    import types
+
+    import env_adapters.http_client as http_client
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))  # reserved, not listening: connect() is refused
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(create_app("counter"), log_level="warning",
+                                           lifespan="on", timeout_graceful_shutdown=2))
+    up_at: list[float] = []
+
+    def start_late() -> None:
+        time.sleep(0.3)
+        up_at.append(time.monotonic())
+        server.run(sockets=[sock])  # uvicorn listen()s on it now
+
+    sleeps: list[float] = []
+
+    def recording_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(http_client, "time", types.SimpleNamespace(sleep=recording_sleep))
+    env = HTTPEnv(url, "counter", timeout_s=5, retries=6, backoff_s=0.1)
+    calls: list[tuple[str, float]] = []
+    send = env._client.request
+
+    def counting_request(method, request_url, **kw):
+        calls.append((str(request_url).rsplit("/", 1)[-1], time.monotonic()))
+        return send(method, request_url, **kw)
+
+    env._client.request = counting_request
+    thread = threading.Thread(target=start_late, daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    try:
+        obs, info = env.reset(2)
+        elapsed = time.monotonic() - t0
+        assert obs == "Task 2: reach 5. count=0" and info["env_id"] is not None
+        assert env.step("add 5").terminated
+        creates = [t for route, t in calls if route == "create"]
+        assert [route for route, _ in calls] == ["create"] * len(creates) + ["reset", "step"]
+        assert len(creates) >= 2  # the first attempt, at t=0, was refused
+        assert len(sleeps) == len(creates) - 1  # one backoff before every retry
+        assert sleeps == pytest.approx([0.1 * 2 ** k for k in range(len(sleeps))])
+        assert creates[-1] >= up_at[0]  # the attempt that got through came after the server
+        assert elapsed >= sum(sleeps)
+        print(f"\n[http] server up after 0.3 s: {len(creates)} /create attempts, "
+              f"backoff {sleeps}, reset done in {elapsed:.2f} s")
+    finally:
+        env.close()
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+    assert not thread.is_alive()
 
 
 def test_unresponsive_server_times_out_not_hangs():
@@ -558,10 +622,6 @@ def test_dialects_match_real_agentgym_servers(start_server):
 
 
 def test_babyai_over_http_matches_in_process(start_server):
-    try:
-        import env_adapters.babyai  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - not installed / not written yet
-        pytest.skip(f"env_adapters.babyai not importable: {exc}")
     srv = start_server(create_app("babyai", max_envs=2))
     local = env_adapters.make_env("babyai")
     remote = fast_env(srv.url, "babyai", timeout_s=20)
