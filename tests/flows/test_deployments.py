@@ -18,14 +18,15 @@ from local_stack import ROOT, tiny_config
 
 pytestmark = pytest.mark.slow
 
-DEPLOYMENTS = {"scaling-inter-rl/quickstart", "scaling-inter-rl/babyai", "scaling-inter-rl/textcraft",
-               "retrain/nightly", "evaluate-policy/champion"}
+# every shipped config but the smoke one has a training deployment (tests/flows/test_prefect_yaml.py)
+CONFIG_NAMES = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml") if p.stem != "tiny-keyword")
+DEPLOYMENTS = {f"scaling-inter-rl/{name}" for name in CONFIG_NAMES} | {"retrain/nightly", "evaluate-policy/champion"}
 
 
 @pytest.fixture(scope="module")
 def deployed(local_stack, model_cache):
     tmp = local_stack.tmp / "deploy-test"
-    cfgs = {name: tiny_config(tmp, model_cache, f"deploy-{name}") for name in ("quickstart", "babyai", "textcraft")}
+    cfgs = {name: tiny_config(tmp, model_cache, f"deploy-{name}") for name in CONFIG_NAMES}
     for name, cfg in cfgs.items():
         local_stack.write_config(name, cfg)
     t0 = time.perf_counter()

@@ -13,8 +13,10 @@ sys.path.insert(0, str(ROOT / "deployments"))
 import sync_variables  # noqa: E402
 
 SPEC = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-EXPECTED = {"scaling-inter-rl/quickstart", "scaling-inter-rl/babyai", "scaling-inter-rl/textcraft",
-            "retrain/nightly", "evaluate-policy/champion"}
+TRAINING = {"quickstart", "babyai", "textcraft", "sciworld", "deepsearch", "textworld_express", "mixed"}
+EXPECTED = {f"scaling-inter-rl/{n}" for n in TRAINING} | {"retrain/nightly", "evaluate-policy/champion"}
+CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+NOT_DEPLOYED = {"tiny-keyword"}  # the tiny model on the keyword task: a smoke config, not a deployment
 
 
 @pytest.mark.parametrize("dep", SPEC["deployments"], ids=lambda d: d["name"])
@@ -29,11 +31,21 @@ def test_entrypoint_loads_and_parameters_fit_its_signature(dep, monkeypatch):
 
 def test_every_config_variable_has_a_valid_small_config():
     wanted = sync_variables.placeholders(ROOT / "deployments" / "prefect.yaml")
-    assert set(wanted.values()) == {"quickstart", "babyai", "textcraft"}
+    assert set(wanted.values()) == TRAINING
     for stem in wanted.values():
         value = sync_variables.config_value(ROOT / "configs" / f"{stem}.yaml")  # validates
         assert len(json.dumps(value)) < sync_variables.MAX_CHARS
         assert any(e.get("eval_tasks") for e in value["envs"]), f"{stem}: evaluation needs eval_tasks"
+
+
+@pytest.mark.parametrize("stem", CONFIGS)
+def test_every_config_validates_and_has_a_training_deployment(stem):
+    sync_variables.config_value(ROOT / "configs" / f"{stem}.yaml")  # load_config + the variable size
+    if stem in NOT_DEPLOYED:
+        return
+    deps = [d for d in SPEC["deployments"] if d["entrypoint"] == "flows/train.py:scaling_inter_rl"
+            and d["parameters"]["config"] == f"{{{{ prefect.variables.agentgym_config_{stem} }}}}"]
+    assert [d["name"] for d in deps] == [stem], f"configs/{stem}.yaml needs a scaling-inter-rl/{stem} deployment"
 
 
 def test_nightly_retrain_is_a_cron_schedule():
