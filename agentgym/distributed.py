@@ -234,6 +234,7 @@ class ResidentGroup:
         cpus = os.cpu_count() or 1
         self.threads_per_rank = threads_per_rank or max(1, cpus // self.world_size)
         self.optimizer_steps = 0
+        self.batch_bytes_sent = 0  # batch tensors sent over the sockets (train_from_store sends none)
         self.weight_loads_by_rank: dict[int, int] = {}
         self.restarts = 0
         self.last_checkpoint: Path | None = None
@@ -506,14 +507,30 @@ class ResidentGroup:
 
     # -- PolicyTrainer interface -----------------------------------------------------------
     def train_on_batch(self, batch, seed: int = 0) -> dict[str, float]:
-        res = self._command("train", {"batch": batch.tensors(), "seed": int(seed)})
+        """Send ``batch`` to every rank and train on it (tests, benchmarks); the pipeline uses
+        ``train_from_store``."""
+        tensors = batch.tensors()
+        self.batch_bytes_sent += self.world_size * sum(t.nbytes for t in tensors.values())
+        res = self._command("train", {"batch": tensors, "seed": int(seed)})
+        self.optimizer_steps = int(res[0]["optimizer_steps_total"])
+        return dict(res[0]["metrics"])
+
+    def train_from_store(self, store: dict[str, Any], stage: int, iteration: int,
+                         seed: int = 0) -> dict[str, float]:
+        """Every rank reads the iteration's committed ``train_batch`` table from the trajectory
+        store (``TrajectoryStore.spec()``: local path or s3://) and trains on it; only the
+        reference crosses the socket."""
+        res = self._command("train_from_store", {"store": dict(store), "stage": int(stage),
+                                                 "iteration": int(iteration), "seed": int(seed)})
         self.optimizer_steps = int(res[0]["optimizer_steps_total"])
         return dict(res[0]["metrics"])
 
     def compute(self, batch, what) -> dict[str, torch.Tensor]:
         """``PolicyTrainer.compute`` on every rank (ZeRO-3 gathers are collectives); rank 0's
         results come back."""
-        res = self._command("compute", {"batch": batch.tensors(), "what": list(what)})
+        tensors = batch.tensors()
+        self.batch_bytes_sent += self.world_size * sum(t.nbytes for t in tensors.values())
+        res = self._command("compute", {"batch": tensors, "what": list(what)})
         return dict(res[0]["tensors"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -582,6 +599,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     from agentgym import training as T
 
     trainer: T.PolicyTrainer | None = None
+    pad_id = 0
     while True:
         msg = _recv(sock)
         if msg is None:  # the driver is gone: nothing left to serve
@@ -594,6 +612,7 @@ def worker_main(argv: list[str] | None = None) -> int:
             if op == "exit":
                 return 0
             if op == "init":
+                pad_id = int(msg["pad_id"])
                 trainer = T.PolicyTrainer(
                     msg["model_path"], SimpleNamespace(pad_token_id=msg["pad_id"]),
                     TrainerConfig.model_validate(msg["trainer"]),
@@ -605,6 +624,14 @@ def worker_main(argv: list[str] | None = None) -> int:
             elif op == "train":
                 batch = T.TrainBatch(**msg["batch"])
                 result["metrics"] = trainer.train_on_batch(batch, seed=msg["seed"])
+            elif op == "train_from_store":  # the batch comes from the trajectory store, not the socket
+                from agentgym.store import TrajectoryStore
+
+                store = TrajectoryStore(**msg["store"])
+                rows = store.read_train_rows(msg["stage"], msg["iteration"])
+                batch = T.TrainBatch.from_rows(rows, pad_id)
+                result["metrics"] = trainer.train_on_batch(batch, seed=msg["seed"])
+                result["rows"] = len(rows)
             elif op == "compute":
                 got = trainer.compute(T.TrainBatch(**msg["batch"]), msg["what"])
                 result["tensors"] = got if rank == 0 else {}

@@ -279,7 +279,7 @@ class PolicySession:
             if algo.skip_tied_groups and group_estimator and e.episode_id in tied and not any(advantages):
                 skipped += 1
                 continue
-            row = {"input_ids": e.input_ids, "loss_mask": e.loss_mask,
+            row = {"episode_id": e.episode_id, "input_ids": e.input_ids, "loss_mask": e.loss_mask,
                    "old_logprobs": e.old_logprobs, "advantages": advantages}
             if critic:
                 row["returns"] = list(rec.returns)
@@ -290,9 +290,14 @@ class PolicySession:
         if critic and any(r["old_values"] is None for r in rows):
             for r in rows:  # the trainer computes them before its first step
                 r["old_values"] = None
-        batch = TrainBatch.from_rows(rows, self.trainer.pad_id)
         t0 = time.perf_counter()
-        metrics = self.trainer.train_on_batch(batch, seed=self.cfg.seed * 7919 + ref.global_step)
+        seed = self.cfg.seed * 7919 + ref.global_step
+        if hasattr(self.trainer, "train_from_store"):
+            # a resident group: its ranks read the batch from the store, not from this process
+            self.store.write_train_batch(rows, stage=ref.stage, iteration=ref.iteration)
+            metrics = self.trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
+        else:
+            metrics = self.trainer.train_on_batch(TrainBatch.from_rows(rows, self.trainer.pad_id), seed=seed)
         self.engine.update_weights(self.trainer.named_weights())
         self.policy_version += 1
         return {"updated": True, "update_seconds": time.perf_counter() - t0,

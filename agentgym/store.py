@@ -7,8 +7,9 @@ Layout (Hive style, so plain pandas/pyarrow readers work with no helper)::
 
     pd.read_parquet(store.path("turns"), filters=[("stage", "=", 2)])
 
-Tables: ``episodes``, ``turns``, ``advantages``; their logical schemas are the module constants
-``EPISODES_SCHEMA``, ``TURNS_SCHEMA``, ``ADVANTAGES_SCHEMA``.
+Tables: ``episodes``, ``turns``, ``advantages`` and ``train_batch`` (what a resident group of
+ranks trains on); their logical schemas are the module constants ``EPISODES_SCHEMA``,
+``TURNS_SCHEMA``, ``ADVANTAGES_SCHEMA``, ``TRAIN_BATCH_SCHEMA``.
 
 Partition columns (the choice)
 ------------------------------
@@ -88,6 +89,7 @@ __all__ = [
     "PARTITION_KEYS",
     "SCHEMAS",
     "TABLES",
+    "TRAIN_BATCH_SCHEMA",
     "TURNS_SCHEMA",
     "CommitManifest",
     "StoreError",
@@ -165,10 +167,30 @@ ADVANTAGES_SCHEMA = pa.schema(
     ]
 )
 
+# What an update trains on, exactly: one row per episode kept for the update (infra errors and
+# skipped tied groups left out), in batch order. Written when a resident group of ranks trains,
+# so that every rank reads the batch from the store instead of the driver's socket; empty
+# ``returns`` / ``old_values`` lists mean "not given" (no critic; values computed by the trainer).
+TRAIN_BATCH_SCHEMA = pa.schema(
+    [
+        _f("run_id", pa.string()),
+        _f("stage", pa.int32()),
+        _f("iteration", pa.int32()),
+        _f("episode_id", pa.string()),
+        _f("input_ids", pa.list_(pa.int32())),
+        _f("loss_mask", pa.list_(pa.int8())),
+        _f("old_logprobs", pa.list_(pa.float32())),
+        _f("advantages", pa.list_(pa.float32())),
+        _f("returns", pa.list_(pa.float32())),
+        _f("old_values", pa.list_(pa.float32())),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "episodes": EPISODES_SCHEMA,
     "turns": TURNS_SCHEMA,
     "advantages": ADVANTAGES_SCHEMA,
+    "train_batch": TRAIN_BATCH_SCHEMA,
 }
 TABLES = tuple(SCHEMAS)
 
@@ -273,6 +295,11 @@ class TrajectoryStore:
         self._local = isinstance(self.fs, LocalFileSystem)
         self._base = f"{root_path.rstrip('/')}/{run_id}"  # fs path, no protocol
 
+    def spec(self) -> dict[str, Any]:
+        """Arguments that open this store from another process (a local root made absolute)."""
+        root = os.path.abspath(self.root) if self._local and "://" not in self.root else self.root
+        return {"root": root, "run_id": self.run_id, "storage_options": dict(self.storage_options)}
+
     # ------------------------------------------------------------------ paths
     def path(self, table: str) -> str:
         """The table directory, usable by pandas/pyarrow (pass ``storage_options`` for s3)."""
@@ -371,6 +398,46 @@ class TrajectoryStore:
             self._delete_quietly([self._abs(rel)])
         self._gc_partition(winner)
         return winner
+
+    def write_train_batch(self, rows: list[dict], *, stage: int, iteration: int) -> CommitManifest:
+        """Write one update's batch rows ``{episode_id, input_ids, loss_mask, old_logprobs,
+        advantages[, returns][, old_values]}`` in batch order; idempotent like the others."""
+        stage, iteration = int(stage), int(iteration)
+        existing = self.manifest("train_batch", stage, iteration)
+        if existing is not None:
+            return existing
+        n = len(rows)
+        for i, r in enumerate(rows):
+            width = len(r["input_ids"])
+            for c in ("loss_mask", "old_logprobs", "advantages", "returns", "old_values"):
+                got = r.get(c)
+                if got is not None and len(got) != width and not (c in ("returns", "old_values") and not len(got)):
+                    raise ValueError(f"train_batch row {i}: {c} has {len(got)} values for {width} tokens")
+        cols = {
+            "run_id": [self.run_id] * n,
+            "episode_id": [r["episode_id"] for r in rows],
+            **{c: [_as_list(r[c]) for r in rows] for c in ("input_ids", "loss_mask", "old_logprobs", "advantages")},
+            **{c: [_as_list(r.get(c) if r.get(c) is not None else []) for r in rows]
+               for c in ("returns", "old_values")},
+        }
+        table = self._to_table("train_batch", cols)
+        rel, sha = self._write_shard("train_batch", stage, iteration, table)
+        m = self._new_manifest("train_batch", stage, iteration, table.num_rows, [rel], [sha],
+                               self._writer(), _now().isoformat())
+        winner = self._commit(m)
+        if winner is not m:
+            self._delete_quietly([self._abs(rel)])
+        self._gc_partition(winner)
+        return winner
+
+    def read_train_rows(self, stage: int, iteration: int) -> list[dict]:
+        """``write_train_batch``'s rows back, in batch order (``None`` where a list was empty)."""
+        rows = self.read_arrow("train_batch", stage=stage, iteration=iteration).to_pylist()
+        for r in rows:
+            for c in ("returns", "old_values"):
+                if not r[c]:
+                    r[c] = None
+        return rows
 
     # -- building tables (all validation happens here, before any byte is written)
     def _episode_tables(

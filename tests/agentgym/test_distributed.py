@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
 from agentgym.distributed import GroupError, ResidentGroup, _exit_codes, _hostfile_slots, _root_cause
 from agentgym.pipeline import IterationRef, PolicySession
+from agentgym.store import TrajectoryStore
 from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,17 +30,21 @@ WEIGHT_ATOL = 1e-5  # 1% of one AdamW step at lr 1e-3 (measured: 0 to 3e-7)
 LOSS_RTOL = 1e-6
 
 
-def _batch(vocab: int, n: int, seed: int) -> TrainBatch:
+def _rows(vocab: int, n: int, seed: int) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     rows = []
     for i in range(n):
         length = 12 + i
         ids = torch.randint(6, vocab, (length,), generator=g).tolist()
         mask = [0] * 5 + [1] * 4 + [0] * 2 + [1] * (length - 11)
-        rows.append({"input_ids": ids, "loss_mask": mask,
+        rows.append({"episode_id": f"e{i}", "input_ids": ids, "loss_mask": mask,
                      "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
                      "advantages": [(float(i % 3) - 1.0) * m for m in mask]})
-    return TrainBatch.from_rows(rows, pad_id=0)
+    return rows
+
+
+def _batch(vocab: int, n: int, seed: int) -> TrainBatch:
+    return TrainBatch.from_rows(_rows(vocab, n, seed), pad_id=0)
 
 
 def _cfgs(stage: int, world: int, **kw):
@@ -57,7 +62,14 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage):
     group = create_trainer(tiny_path, tok, *_cfgs(stage, 2), seed=0)
     try:
         assert isinstance(group, ResidentGroup) and group.pad_id == tok.pad_token_id
-        got = group.train_on_batch(batch, seed=5)
+        if stage == 2:  # the pipeline's path: every rank reads the batch from the trajectory store
+            store = TrajectoryStore(str(tmp_path / "store"), "dist")
+            store.write_train_batch(_rows(512, n=7, seed=0), stage=0, iteration=0)
+            got = group.train_from_store(store.spec(), 0, 0, seed=5)
+            assert group.batch_bytes_sent == 0
+        else:  # the batch over the driver's socket
+            got = group.train_on_batch(batch, seed=5)
+            assert group.batch_bytes_sent > 0
         digests = group.weight_digests()
         assert digests[0] == digests[1]  # both ranks hold the same weights, bit for bit
         weights = dict(group.named_weights())
@@ -106,6 +118,9 @@ def test_resident_group_in_the_pipeline_loads_weights_once(tmp_path, model_cache
         group = session.trainer
         assert isinstance(group, ResidentGroup)
         assert group.weight_loads == 1  # each rank read the model folder once, for 3 updates
+        # the ranks read each update's batch from the trajectory store, none came over the socket
+        assert group.batch_bytes_sent == 0
+        assert [(m.iteration, m.rows) for m in session.store.commits("train_batch")] == [(i, 8) for i in range(3)]
         assert group.optimizer_steps == 6
         after = session.engine.model.state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in before)  # the engine got new weights

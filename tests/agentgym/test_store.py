@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -64,7 +65,7 @@ def make_episode(i: int, n_turns: int = 2, *, stage: int = 1, seed: int = 0) -> 
             )
         )
     ep.turns = turns
-    ep.reward = 1.0 if i % 2 else 0.0
+    ep.reward = float("nan") if i == 2 else (1.0 if i % 2 else 0.0)  # an infra error is unscored
     ep.success = bool(i % 2)
     ep.terminated = True
     ep.error = "boom" if i == 2 else None
@@ -102,9 +103,10 @@ def test_episode_roundtrip_exact_tokens_and_schema(store, tmp_path):
         assert b.input_ids == a.input_ids
         assert b.loss_mask == a.loss_mask
         assert b.old_logprobs == f32(a.old_logprobs)  # stored as float32
-        for name in ("group_id", "env", "task_id", "seed", "horizon", "reward", "success",
+        for name in ("group_id", "env", "task_id", "seed", "horizon", "success",
                      "terminated", "truncated", "infra_error", "error"):
             assert getattr(b, name) == getattr(a, name), name
+        assert b.reward == a.reward or (math.isnan(a.reward) and math.isnan(b.reward))
         assert b.turns == a.turns  # every Turn field is exact
         b.validate()
 
@@ -339,6 +341,7 @@ def test_corrupt_manifest_raises(store, tmp_path):
     [
         (lambda e: e.loss_mask.pop(), "differ in length"),
         (lambda e: setattr(e, "reward", 1.5), "outside"),
+        (lambda e: setattr(e, "infra_error", True), "not scored"),  # an infra error with a reward of 0
         (lambda e: e.old_logprobs.__setitem__(0, -0.5), "masked token"),
         (lambda e: setattr(e, "env", None), "null"),
         (lambda e: setattr(e, "episode_id", "s1-e0"), "duplicate"),
@@ -350,7 +353,7 @@ def test_corrupt_manifest_raises(store, tmp_path):
 def test_invalid_episode_rejected_before_any_write(tmp_path, breakage, match):
     store = TrajectoryStore(str(tmp_path / "store"), RUN)
     eps = [make_episode(i) for i in range(3)]
-    breakage(eps[2])
+    breakage(eps[1])  # a scored episode (eps[2] is the infra error)
     with pytest.raises(ValueError, match=match):
         store.write_episodes(eps, stage=1, iteration=0, global_step=0, policy_version=0)
     assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*"))
@@ -541,3 +544,24 @@ def test_s3_rejects_bad_credentials(s3_server):
     with pytest.raises(PermissionError):
         store.write_episodes([make_episode(0)], stage=1, iteration=0, global_step=0,
                              policy_version=0)
+
+
+def test_train_batch_round_trip_keeps_order_and_optional_columns(tmp_path):
+    from agentgym.store import TrajectoryStore
+
+    store = TrajectoryStore(str(tmp_path), "tb")
+    rows = [{"episode_id": f"e{i}", "input_ids": list(range(3 + i)), "loss_mask": [0] * 2 + [1] * (1 + i),
+             "old_logprobs": [0.0] * 2 + [-0.5] * (1 + i), "advantages": [0.0] * 2 + [0.25 * i] * (1 + i),
+             "returns": [0.5] * (3 + i), "old_values": None} for i in (2, 0, 1)]
+    m = store.write_train_batch(rows, stage=1, iteration=4)
+    assert m.rows == 3 and store.write_train_batch(rows[:1], stage=1, iteration=4) == m  # idempotent
+    back = store.read_train_rows(1, 4)
+    assert [r["episode_id"] for r in back] == ["e2", "e0", "e1"]  # batch order
+    for want, got in zip(rows, back):
+        for c in ("input_ids", "loss_mask", "old_logprobs", "advantages", "returns"):
+            assert list(got[c]) == pytest.approx(list(want[c])), c
+        assert got["old_values"] is None
+    spec = store.spec()
+    assert Path(spec["root"]).is_absolute() and TrajectoryStore(**spec).read_train_rows(1, 4) == back
+    with pytest.raises(ValueError, match="advantages has 1 values for 3 tokens"):
+        store.write_train_batch([{**rows[1], "advantages": [0.0]}], stage=1, iteration=5)
