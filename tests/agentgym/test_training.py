@@ -97,6 +97,22 @@ def test_kl_to_reference_is_reported(tiny_path):
     assert any(not torch.equal(initial[k], v) for k, v in _params(tr).items())
 
 
+def test_grad_clip_takes_effect(tiny_path):
+    """AdamW's first step is lr * g / (|g| + eps): a clip far below the gradient norm shrinks each
+    component below eps, and with it the step; a loose clip changes nothing."""
+    batch = _batch(512)
+    steps = {}
+    for clip in (1e6, 1.0e-6):
+        tr = _trainer(tiny_path, micro_batch_size=8, grad_clip=clip)
+        before = _params(tr)
+        m = tr.train_on_batch(batch)
+        after = _params(tr)
+        steps[clip] = torch.cat([(after[k] - before[k]).abs().flatten() for k in before]).mean().item()
+        assert m["grad_norm"] > 1e-3  # the reported norm is the gradient's, before clipping
+    print(f"mean |step| with grad_clip 1e6: {steps[1e6]:.3e}, with 1e-6: {steps[1.0e-6]:.3e}")
+    assert steps[1.0e-6] < 0.5 * steps[1e6], steps
+
+
 def test_entropy_bonus_raises_entropy(tiny_path):
     """With zero advantages the policy gradient vanishes and only the bonus moves the policy."""
     batch = _batch(512)
