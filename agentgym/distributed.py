@@ -509,11 +509,15 @@ class ResidentGroup:
     def train_on_batch(self, batch, seed: int = 0) -> dict[str, float]:
         """Send ``batch`` to every rank and train on it (tests, benchmarks); the pipeline uses
         ``train_from_store``."""
-        tensors = batch.tensors()
-        self.batch_bytes_sent += self.world_size * sum(t.nbytes for t in tensors.values())
-        res = self._command("train", {"batch": tensors, "seed": int(seed)})
+        res = self._command("train", {"batch": self._batch_payload(batch), "seed": int(seed)})
         self.optimizer_steps = int(res[0]["optimizer_steps_total"])
         return dict(res[0]["metrics"])
+
+    def _batch_payload(self, batch) -> dict[str, torch.Tensor]:
+        """The batch's tensors for a command, counted in ``batch_bytes_sent`` (one copy per rank)."""
+        tensors = batch.tensors()
+        self.batch_bytes_sent += self.world_size * sum(t.nbytes for t in tensors.values())
+        return tensors
 
     def train_from_store(self, store: dict[str, Any], stage: int, iteration: int,
                          seed: int = 0) -> dict[str, float]:
@@ -528,9 +532,7 @@ class ResidentGroup:
     def compute(self, batch, what) -> dict[str, torch.Tensor]:
         """``PolicyTrainer.compute`` on every rank (ZeRO-3 gathers are collectives); rank 0's
         results come back."""
-        tensors = batch.tensors()
-        self.batch_bytes_sent += self.world_size * sum(t.nbytes for t in tensors.values())
-        res = self._command("compute", {"batch": tensors, "what": list(what)})
+        res = self._command("compute", {"batch": self._batch_payload(batch), "what": list(what)})
         return dict(res[0]["tensors"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -383,16 +383,21 @@ class TrajectoryStore:
         """Write one iteration's ``advantages`` rows ``{episode_id, advantages, returns}``."""
         stage, iteration = int(stage), int(iteration)
         table = self._advantages_table(rows, stage, iteration, str(estimator))
-        existing = self.manifest("advantages", stage, iteration)
+        return self._commit_single("advantages", stage, iteration, table, {"estimator": str(estimator)})
+
+    def _commit_single(self, name: str, stage: int, iteration: int, table: pa.Table,
+                       extra: dict[str, Any] | None = None) -> CommitManifest:
+        """Write ``table`` as the one shard of ``name`` at (stage, iteration) and commit it; an
+        iteration already committed returns its manifest and writes nothing."""
+        existing = self.manifest(name, stage, iteration)
         if existing is not None:
-            log.info("advantages %s-%s already committed; returning it", stage, iteration)
+            log.info("%s %s-%s already committed; returning it", name, stage, iteration)
             return existing
-        rel, sha = self._write_shard("advantages", stage, iteration, table)
-        m = self._new_manifest(
-            "advantages", stage, iteration, table.num_rows, [rel], [sha], self._writer(),
-            _now().isoformat(),
-        )
-        m.extra = {"estimator": str(estimator)}
+        rel, sha = self._write_shard(name, stage, iteration, table)
+        m = self._new_manifest(name, stage, iteration, table.num_rows, [rel], [sha], self._writer(),
+                               _now().isoformat())
+        if extra:
+            m.extra = dict(extra)
         winner = self._commit(m)
         if winner is not m:
             self._delete_quietly([self._abs(rel)])
@@ -403,9 +408,6 @@ class TrajectoryStore:
         """Write one update's batch rows ``{episode_id, input_ids, loss_mask, old_logprobs,
         advantages[, returns][, old_values]}`` in batch order; idempotent like the others."""
         stage, iteration = int(stage), int(iteration)
-        existing = self.manifest("train_batch", stage, iteration)
-        if existing is not None:
-            return existing
         n = len(rows)
         for i, r in enumerate(rows):
             width = len(r["input_ids"])
@@ -420,15 +422,7 @@ class TrajectoryStore:
             **{c: [_as_list(r.get(c) if r.get(c) is not None else []) for r in rows]
                for c in ("returns", "old_values")},
         }
-        table = self._to_table("train_batch", cols)
-        rel, sha = self._write_shard("train_batch", stage, iteration, table)
-        m = self._new_manifest("train_batch", stage, iteration, table.num_rows, [rel], [sha],
-                               self._writer(), _now().isoformat())
-        winner = self._commit(m)
-        if winner is not m:
-            self._delete_quietly([self._abs(rel)])
-        self._gc_partition(winner)
-        return winner
+        return self._commit_single("train_batch", stage, iteration, self._to_table("train_batch", cols))
 
     def read_train_rows(self, stage: int, iteration: int) -> list[dict]:
         """``write_train_batch``'s rows back, in batch order (``None`` where a list was empty)."""
