@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,25 @@ def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = Fals
         for i in range(cfg.rollout.group_size):
             specs.append(EpisodeSpec(env.name, task, cfg.seed, group, f"{group}-e{i}", dict(env.kwargs)))
     return specs
+
+
+class InfraFailure(RuntimeError):
+    """Too many of an iteration's episodes hit infrastructure errors: the setup is broken."""
+
+
+def check_infra_errors(episodes: list[Episode], max_fraction: float, ref: IterationRef) -> None:
+    """Raise ``InfraFailure`` when more than ``max_fraction`` of ``episodes`` are infra errors
+    (all of them, whatever the setting), naming the distinct errors."""
+    bad = [e for e in episodes if e.infra_error]
+    if not bad or (len(bad) <= max_fraction * len(episodes) and len(bad) < len(episodes)):
+        return
+    errors = Counter(f"{e.env}: {e.error}" for e in bad)
+    shown = "; ".join(f"{err} (x{n})" for err, n in errors.most_common(3))
+    raise InfraFailure(
+        f"stage {ref.stage} iteration {ref.iteration}: {len(bad)} of {len(episodes)} episodes hit "
+        f"infrastructure errors (rollout.max_infra_error_fraction={max_fraction}); nothing was "
+        f"committed. Errors: {shown}. Fix the environment setup (server address, env name, task "
+        f"ids) and re-run with the same run id.")
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -139,6 +159,7 @@ class PolicySession:
         )
         seconds = time.perf_counter() - t0
         gen = self.engine.generated_tokens - tokens_before
+        check_infra_errors(episodes, self.cfg.rollout.max_infra_error_fraction, ref)
         manifest = self.store.write_episodes(
             episodes, stage=ref.stage, iteration=ref.iteration,
             global_step=ref.global_step, policy_version=self.policy_version,

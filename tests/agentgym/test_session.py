@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from agentgym.config import parse_config
-from agentgym.pipeline import IterationRef, PolicySession
+from agentgym.pipeline import InfraFailure, IterationRef, PolicySession
 
 
 def _dead_port() -> int:
@@ -19,9 +19,8 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def session(tmp_path, model_cache):
-    cfg = parse_config({
+def _config(tmp_path, model_cache, **rollout):
+    return parse_config({
         "seed": 4, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
         "envs": [
             {"name": "keyword", "tasks": [0], "kwargs": {"target": "aeiou", "mode": "char_share"}},
@@ -30,12 +29,16 @@ def session(tmp_path, model_cache):
             {"name": "http", "tasks": [2], "kwargs": {
                 "base_url": f"http://127.0.0.1:{_dead_port()}", "env_name": "babyai", "retries": 0}},
         ],
-        "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6},
+        "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6, **rollout},
         "trainer": {"learning_rate": 1e-3, "bf16": False},
         "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
         "store": {"root": str(tmp_path / "store")},
     })
-    s = PolicySession(cfg, "session-test")
+
+
+@pytest.fixture()
+def session(tmp_path, model_cache):
+    s = PolicySession(_config(tmp_path, model_cache), "session-test")
     yield s
     s.close()
 
@@ -61,3 +64,15 @@ def test_infra_errors_are_unscored_and_tied_groups_skipped(session):
     upd = session.update(ref)
     assert upd["updated"] and upd["skipped_episodes"] == 2 and upd["train_episodes"] == 2
     assert np.isfinite(upd["policy_loss"])
+
+
+def test_too_many_infra_errors_fail_the_iteration_before_its_commit(tmp_path, model_cache):
+    """2 of 6 episodes on a dead server: above a 0.2 limit the iteration fails, names the
+    error, and commits nothing (a re-run rolls it out again instead of reusing it)."""
+    s = PolicySession(_config(tmp_path, model_cache, max_infra_error_fraction=0.2), "strict")
+    try:
+        with pytest.raises(InfraFailure, match=r"2 of 6 episodes hit infrastructure errors.*http: infra"):
+            s.collect(IterationRef(0, 0, 0), horizon=1)
+        assert not s.store.is_committed("episodes", 0, 0)
+    finally:
+        s.close()
