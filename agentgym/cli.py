@@ -76,7 +76,7 @@ def train(
     try:
         cfg = load_config(config, set_)
     except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     if run_id:
         cfg = cfg.model_copy(update={"run_id": run_id})
@@ -98,6 +98,7 @@ def train(
             bar["it"].update(1)
 
     progress.install(hook)
+    from agentgym.tracking import ResumeConflict
     from flows.train import new_run_id, scaling_inter_rl
 
     # the id is fixed here, not in the flow, so that a failed run can be told how to resume
@@ -108,11 +109,12 @@ def train(
     except Exception as e:  # noqa: BLE001 - reported with the way back in, then exit 1
         if "it" in bar:
             bar["it"].close()
-        sets = "".join(f" --set {shlex.quote(s)}" for s in set_)
         console.print(f"run {cfg.run_id} failed: {type(e).__name__}: {e}", style="red", markup=False,
                       soft_wrap=True)
-        console.print(f"resume it from its latest checkpoint:\n  agentgym train -c {shlex.quote(str(config))}"
-                      f"{sets} --run-id {cfg.run_id}", soft_wrap=True, markup=False)
+        if not isinstance(e, (ConfigError, ResumeConflict)):  # those fail again unchanged
+            sets = "".join(f" --set {shlex.quote(s)}" for s in set_)
+            console.print(f"resume it from its latest checkpoint:\n  agentgym train -c "
+                          f"{shlex.quote(str(config))}{sets} --run-id {cfg.run_id}", soft_wrap=True, markup=False)
         raise typer.Exit(1) from None
     if "it" in bar:
         bar["it"].close()
@@ -147,7 +149,7 @@ def models_prepare(name: str = typer.Argument(..., help="'smollm2' or 'tiny'"),
     try:
         path = resolve_model(name, cache_dir)
     except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     print(path)
 
@@ -169,7 +171,7 @@ def config_check(config: Path = typer.Argument(..., help="YAML config to validat
     try:
         cfg = load_config(config, set_)
     except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     print("ok:", ", ".join(f"stage {i}: horizon {s.horizon} x {s.iterations}" for i, s in enumerate(cfg.stages)))
 

@@ -44,7 +44,7 @@ def eval_run(
     try:
         cfg = with_overrides(load_config(config), set_)
     except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     from agentgym.evaluation import EvalReport
     from flows.evaluate import evaluate_policy
@@ -53,7 +53,7 @@ def eval_run(
     try:
         out = evaluate_policy(cfg, model=model, k=k, greedy_too=greedy, seed=seed)
     except ValueError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     reports = [EvalReport.from_dict(out["sampled"])] + ([EvalReport.from_dict(out["greedy"])] if greedy else [])
     rows = merged_table(reports)

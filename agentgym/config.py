@@ -62,6 +62,24 @@ class EnvSpec(_Strict):
             raise ValueError("tasks is empty; list at least one task id, e.g. tasks: [0, 1, 2]")
         return v
 
+    @field_validator("tasks", "eval_tasks")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        bad = [t for t in v if t < 0]
+        if bad:
+            raise ValueError(f"task ids are AgentGym data_idx values, 0 or more; got {bad[:5]}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _known_env(cls, v: str) -> str:
+        from env_adapters import ADAPTERS  # the name table only; adapters load on first use
+
+        if v not in ADAPTERS:
+            raise ValueError(f"unknown environment {v!r}; choose one of {sorted(ADAPTERS)} "
+                             "(a remote AgentGym server: name: http with kwargs base_url, env_name)")
+        return v
+
 
 class RolloutConfig(_Strict):
     engine: Literal["hf", "vllm"] = Field("hf", description="Inference engine for rollouts.")
@@ -84,6 +102,13 @@ class RolloutConfig(_Strict):
         default_factory=list, description="Stop strings; the reply ends after the first match."
     )
     env_workers: int = Field(16, ge=1, description="Threads stepping environments concurrently.")
+    max_infra_error_fraction: float = Field(
+        0.5, ge=0, le=1,
+        description="Fail the iteration (before committing it, so a re-run rolls it out again) when "
+        "more than this share of its episodes hit infrastructure errors (dead env server, unknown "
+        "environment, bad task id): a broken setup stops the run instead of training on what is left. "
+        "1.0: never fail (the unscored episodes are just left out).",
+    )
 
 
 class CriticConfig(_Strict):
@@ -450,14 +475,24 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> PipelineConfig
         raise ConfigError(_format_validation_error(err, source)) from None
 
 
+def _parse_override(item: str) -> tuple[str, Any]:
+    """``"a.b=value"`` -> ``("a.b", value parsed as YAML)``."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like field.path=value")
+    key, raw = item.split("=", 1)
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({' '.join(str(e).split())}); "
+                          "quote it for the shell, e.g. --set 'envs.0.tasks=[1, 2]'") from None
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (value parsed as YAML; a number indexes a list, as in
     ``envs.0.tasks=[1,2]``) to a raw config dict."""
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like field.path=value")
-        key, raw = item.split("=", 1)
-        set_path(data, key, yaml.safe_load(raw), item)
+        key, value = _parse_override(item)
+        set_path(data, key, value, item)
     return data
 
 
@@ -503,11 +538,9 @@ def with_overrides(config: PipelineConfig, overrides: list[str] | None) -> Pipel
     data = config.model_dump(mode="json", exclude_none=True)
     keys = []
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like field.path=value")
-        key, raw = item.split("=", 1)
-        keys.append(key.strip())
-        set_path(data, key, yaml.safe_load(raw), item)
+        key, value = _parse_override(item)
+        keys.append(key)
+        set_path(data, key, value, item)
     sched = data.get("schedule")
     if isinstance(sched, dict):
         sets_stages = any(k.startswith("schedule.stages") for k in keys)
@@ -522,9 +555,12 @@ def with_overrides(config: PipelineConfig, overrides: list[str] | None) -> Pipel
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:  # the message carries the line and column
+        raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return parse_config(apply_overrides(data, overrides or []), source=str(path))

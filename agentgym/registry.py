@@ -82,7 +82,12 @@ def materialize(ref: str, tracking_uri: str, cache_dir: str | os.PathLike = "~/.
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     if ref.startswith("models:/"):
         name, version, alias = parse_models_uri(ref)
-        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+        try:
+            mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+        except MlflowException as e:
+            raise ValueError(
+                f"{ref}: no such registered model version in {tracking_uri} ({e.error_code}); list "
+                f"what is there with `agentgym eval champion --name {name}` or the MLflow UI") from None
         uri = mv.source
         if _is_hf_folder(Path(uri.removeprefix("file://"))):
             return Path(uri.removeprefix("file://")).resolve()

@@ -104,6 +104,8 @@ class Tracker:
     def stage_run(self, parent: str, run_id: str, index: int, horizon: int, iterations: int) -> str:
         found = self._find(**{TAG_RUN: run_id, TAG_KIND: "stage", TAG_STAGE: str(index)})
         if found:
+            if self.client.get_run(found).data.tags.get(TAG_DONE) != "true":  # a failed attempt: again
+                self.client.update_run(found, status="RUNNING")
             return found
         run = self.client.create_run(
             self.experiment_id, run_name=f"{run_id}-stage{index}-h{horizon}",

@@ -235,12 +235,13 @@ def _int_field(body: dict[str, Any], *names: str, default: Any = ...) -> int:
     for name in names:
         if name in body and body[name] is not None:
             value = body[name]
-            if isinstance(value, bool):
-                break
+            # present but not an integer: an error, never a silent fall back to the default task
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise EnvRequestError(f"field {name!r} must be an integer, got {value!r}", "bad_request")
             try:
                 return int(value)
-            except (TypeError, ValueError):
-                break
+            except ValueError:
+                raise EnvRequestError(f"field {name!r} must be an integer, got {value!r}", "bad_request") from None
     if default is not ...:
         return default
     raise EnvRequestError(f"missing or non-integer field {names[0]!r}", "bad_request")

@@ -74,32 +74,36 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     child = tracker.stage_run(parent_mlflow_id, run_id, index, horizon, iterations)
     start = stage_start(config.stages, index)
     every = config.tracking.checkpoint_every
-    for it in range(start_iteration, iterations):
-        gs = start + it
-        pos = position(config.stages, gs)
-        assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
-        rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
-        adv = compute_advantages(config, run_id, index, it, gs)
-        upd = update_policy(config, run_id, index, it, gs)
-        metrics = {k: v for part in (rollout, adv, upd) for k, v in part.items() if k in ITERATION_METRICS}
-        metrics["horizon"] = horizon
-        # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
-        # killed attempt may have logged past its checkpoint to one run or both
-        tracker.log_trajectory_commit(
-            child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
-            rollout["digest"], rollout["rows"])
-        tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs)
-        # ...and the evaluation it may have run before its checkpoint
-        if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
-                and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
-            evaluate_checkpoint(config, run_id=run_id, k=config.tracking.eval_k,
-                                mlflow_run_id=parent_mlflow_id, step=gs + 1)
-        logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
-                    index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
-        progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics)
-        if every and (gs + 1) % every == 0 and it != iterations - 1:
-            save_checkpoint(config, run_id, child, index, gs + 1)
-    checkpoint = save_checkpoint(config, run_id, child, index, start + iterations)
+    try:
+        for it in range(start_iteration, iterations):
+            gs = start + it
+            pos = position(config.stages, gs)
+            assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
+            rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
+            adv = compute_advantages(config, run_id, index, it, gs)
+            upd = update_policy(config, run_id, index, it, gs)
+            metrics = {k: v for part in (rollout, adv, upd) for k, v in part.items() if k in ITERATION_METRICS}
+            metrics["horizon"] = horizon
+            # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
+            # killed attempt may have logged past its checkpoint to one run or both
+            tracker.log_trajectory_commit(
+                child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
+                rollout["digest"], rollout["rows"])
+            tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs)
+            # ...and the evaluation it may have run before its checkpoint
+            if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
+                    and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
+                evaluate_checkpoint(config, run_id=run_id, k=config.tracking.eval_k,
+                                    mlflow_run_id=parent_mlflow_id, step=gs + 1)
+            logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
+                        index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
+            progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics)
+            if every and (gs + 1) % every == 0 and it != iterations - 1:
+                save_checkpoint(config, run_id, child, index, gs + 1)
+        checkpoint = save_checkpoint(config, run_id, child, index, start + iterations)
+    except BaseException:  # the stage run must not stay RUNNING in MLflow; a re-run reopens it
+        tracker.client.set_terminated(child, "FAILED")
+        raise
     tracker.finish_stage(child)
     _stage_artifact(tracker, run_id, index, horizon, child)
     return _stage_summary(tracker, child, index, horizon, iterations, checkpoint)

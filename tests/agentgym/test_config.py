@@ -59,6 +59,31 @@ def test_overrides_apply(tmp_path):
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="it is a directory"):
+        load_config(tmp_path)
+
+
+def test_yaml_syntax_errors_are_config_errors_with_the_position(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seed: 0\nrollout: {group_size: 2\n")
+    with pytest.raises(ConfigError, match=r"c.yaml is not valid YAML.*line 3, column 1"):
+        load_config(p)
+    p.write_text("seed: 0\n")
+    with pytest.raises(ConfigError, match=r"override 'rollout.group_size=\[1,': the value is not valid YAML"):
+        load_config(p, ["rollout.group_size=[1,"])
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        from agentgym.config import with_overrides
+
+        with_overrides(PipelineConfig(), ["envs=[{name: babyai"])
+
+
+def test_env_names_and_task_ids_are_checked_before_a_run():
+    with pytest.raises(ConfigError, match=r"envs.0.name: .*unknown environment 'nosuchenv'; choose one of .*babyai"):
+        parse_config({"envs": [{"name": "nosuchenv", "tasks": [0]}]})
+    with pytest.raises(ConfigError, match=r"envs.0.tasks: .*0 or more; got \[-1\]"):
+        parse_config({"envs": [{"name": "textcraft", "tasks": [3, -1]}]})
+    with pytest.raises(ConfigError, match=r"envs.0.eval_tasks"):
+        parse_config({"envs": [{"name": "textcraft", "tasks": [3], "eval_tasks": [-2]}]})
 
 
 def test_configuration_reference_is_current():

@@ -60,8 +60,10 @@ def test_register_alias_and_materialize(logged, tiny_path, model_cache):
         assert (path / "agentgym_checkpoint.json").is_file()
     assert materialize(str(tiny_path), uri, cache) == Path(tiny_path).resolve()
     assert materialize("tiny", uri, model_cache) == Path(tiny_path)
-    with pytest.raises(Exception, match="not found|RESOURCE_DOES_NOT_EXIST|alias"):
+    with pytest.raises(ValueError, match=r"models:/policy@nope: no such registered model version.*eval champion --name policy"):
         materialize("models:/policy@nope", uri, cache)
+    with pytest.raises(ValueError, match="no such registered model version"):
+        materialize("models:/nobody/1", uri, cache)
     with pytest.raises(ValueError, match="cannot resolve model"):
         materialize("no-such-model", uri, cache)
 

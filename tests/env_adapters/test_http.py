@@ -196,6 +196,11 @@ def test_error_payload_is_infra_error_not_reward(counter_registered, start_serve
     assert r.status_code == 200 and r.json()["code"] == "bad_request"
     r = httpx.post(f"{srv.url}/reset", content=b"{not json")
     assert r.status_code == 200 and r.json()["code"] == "bad_request"
+    # a task id that is not an integer is refused, never replaced by the default task
+    created = httpx.post(f"{srv.url}/create", json={}).json()
+    for bad in ("abc", 1.5, [3], True):
+        r = httpx.post(f"{srv.url}/reset", json={"id": created["id"], "data_idx": bad})
+        assert r.json()["code"] == "bad_request" and "data_idx" in r.json()["error"], bad
     # a client whose instance the server does not know
     ghost = fast_env(srv.url)
     ghost.env_id = 12345

@@ -76,6 +76,12 @@ def test_killed_rank_fails_the_update_and_a_rerun_resumes_on_a_new_group(tmp_pat
     assert f"--run-id {RUN_ID}" in out, "the error should say how to resume"
     _, alive = psutil.wait_procs(ranks, timeout=20)
     assert not alive, f"ranks left running: {alive}"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("group-failure")
+    runs = client.search_runs([exp.experiment_id], f"tags.`agentgym.run_id` = '{RUN_ID}'")
+    status = {r.data.tags["agentgym.kind"] + r.data.tags.get("agentgym.stage", ""): r.info.status for r in runs}
+    assert status["pipeline"] == "FAILED" and "FAILED" in [v for k, v in status.items() if k != "pipeline"]
+    assert "RUNNING" not in status.values(), status  # the failed stage's run is closed too
 
     second = _train(cfg, tmp_path)
     out, _ = second.communicate(timeout=400)
@@ -83,8 +89,8 @@ def test_killed_rank_fails_the_update_and_a_rerun_resumes_on_a_new_group(tmp_pat
     resumed = int(re.search(r"resumed at step (\d+)", out).group(1))
     assert 1 <= resumed <= 3  # the checkpoint the first run had saved before the kill
 
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    exp = client.get_experiment_by_name("group-failure")
     parent = client.search_runs([exp.experiment_id], "tags.`agentgym.kind` = 'pipeline'")[0]
+    stages = client.search_runs([exp.experiment_id], "tags.`agentgym.kind` = 'stage'")
+    assert sorted(r.info.status for r in stages) == ["FINISHED", "FINISHED"]  # the failed one reopened
     assert sorted(m.step for m in client.get_metric_history(parent.info.run_id, "reward_mean")) == [0, 1, 2, 3]
     assert parent.info.status == "FINISHED"
