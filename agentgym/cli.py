@@ -103,18 +103,22 @@ def train(
 
     # the id is fixed here, not in the flow, so that a failed run can be told how to resume
     cfg = cfg if cfg.run_id else cfg.model_copy(update={"run_id": new_run_id()})
+    resume = (f"agentgym train -c {shlex.quote(str(config))}"
+              + "".join(f" --set {shlex.quote(s)}" for s in set_) + f" --run-id {cfg.run_id}")
     t0 = time.perf_counter()
     try:
         result = scaling_inter_rl(cfg)
-    except Exception as e:  # noqa: BLE001 - reported with the way back in, then exit 1
+    except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001 - reported with the way back in
         if "it" in bar:
             bar["it"].close()
+        if isinstance(e, KeyboardInterrupt):
+            console.print(f"interrupted; resume from the latest checkpoint with:\n  {resume}",
+                          soft_wrap=True, markup=False)
+            raise typer.Exit(130) from None
         console.print(f"run {cfg.run_id} failed: {type(e).__name__}: {e}", style="red", markup=False,
                       soft_wrap=True)
         if not isinstance(e, (ConfigError, ResumeConflict)):  # those fail again unchanged
-            sets = "".join(f" --set {shlex.quote(s)}" for s in set_)
-            console.print(f"resume it from its latest checkpoint:\n  agentgym train -c "
-                          f"{shlex.quote(str(config))}{sets} --run-id {cfg.run_id}", soft_wrap=True, markup=False)
+            console.print(f"resume it from its latest checkpoint:\n  {resume}", soft_wrap=True, markup=False)
         raise typer.Exit(1) from None
     if "it" in bar:
         bar["it"].close()
@@ -181,8 +185,16 @@ def env_serve(name: str = typer.Argument(..., help="Environment adapter name, e.
               host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8001),
               max_envs: int = typer.Option(64, help="Concurrent environments allowed.")) -> None:
     """Expose an in-process environment over the AgentGym HTTP protocol."""
+    from env_adapters import ADAPTERS, is_known
     from env_adapters.http_server import serve
 
+    if not is_known(name) or name == "http":
+        console.print(f"unknown environment {name!r}; serve one of {sorted(set(ADAPTERS) - {'http'})} "
+                      "or an adapter's import path (package.module:Class)", style="red", markup=False)
+        raise typer.Exit(2)
+    if not 0 < port < 65536:
+        console.print(f"--port {port}: give a TCP port between 1 and 65535", style="red", markup=False)
+        raise typer.Exit(2)
     serve(name, host=host, port=port, max_envs=max_envs)
 
 

@@ -42,7 +42,9 @@ class ModelConfig(_Strict):
 
 
 class EnvSpec(_Strict):
-    name: str = Field("babyai", description="Environment adapter name (see env_adapters.ADAPTERS).")
+    name: str = Field(
+        "babyai", description="Environment adapter name (see env_adapters.ADAPTERS), or the import path "
+        "of your own TextEnv subclass, package.module:Class.")
     tasks: list[int] = Field(
         default_factory=lambda: list(range(8)),
         description="Training task ids (AgentGym data_idx) this environment draws from.",
@@ -73,11 +75,12 @@ class EnvSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_env(cls, v: str) -> str:
-        from env_adapters import ADAPTERS  # the name table only; adapters load on first use
+        from env_adapters import ADAPTERS, is_known  # the name table only; adapters load on first use
 
-        if v not in ADAPTERS:
-            raise ValueError(f"unknown environment {v!r}; choose one of {sorted(ADAPTERS)} "
-                             "(a remote AgentGym server: name: http with kwargs base_url, env_name)")
+        if not is_known(v):
+            raise ValueError(f"unknown environment {v!r}; choose one of {sorted(ADAPTERS)}, your "
+                             "adapter's import path (package.module:Class), or name: http with kwargs "
+                             "base_url, env_name for a remote AgentGym server")
         return v
 
 

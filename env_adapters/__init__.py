@@ -20,17 +20,23 @@ ADAPTERS: dict[str, str] = {
 }
 
 
+def is_known(name: str) -> bool:
+    """A registered adapter name, or a ``package.module:Class`` import path (your own adapter)."""
+    return name in ADAPTERS or ":" in name
+
+
 def make_env(name: str, **kwargs: Any) -> TextEnv:
-    """Instantiate the adapter registered as ``name`` with its keyword arguments."""
-    try:
-        target = ADAPTERS[name]
-    except KeyError:
+    """Instantiate the adapter registered as ``name`` (or at the import path ``name``) with its
+    keyword arguments."""
+    if not is_known(name):
         raise ValueError(
-            f"unknown environment {name!r}; choose one of {sorted(ADAPTERS)}"
-        ) from None
+            f"unknown environment {name!r}; choose one of {sorted(ADAPTERS)} "
+            "or give your adapter's import path, package.module:Class"
+        )
+    target = ADAPTERS.get(name, name)
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(**kwargs)
 
 
-__all__ = ["ADAPTERS", "InfraError", "StepResult", "TextEnv", "format_error", "make_env"]
+__all__ = ["ADAPTERS", "InfraError", "StepResult", "TextEnv", "format_error", "is_known", "make_env"]

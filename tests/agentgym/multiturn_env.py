@@ -3,15 +3,14 @@
 ``MultiTurnCharShare``: ``turns`` turns per episode; turn k's reward is the share of its reply's
 non-space characters that are in ``target``, divided by ``turns`` (so the turn rewards add up to
 an outcome in [0, 1]). A randomly initialised tiny model can climb it, and its turns have their
-own rewards: what turn-level credit assignment needs. ``install(monkeypatch)`` makes the
-pipeline's ``make_env`` build it under the name ``multi_char_share``.
+own rewards: what turn-level credit assignment needs. ``install(monkeypatch)`` registers it
+in ``env_adapters.ADAPTERS`` under the name ``multi_char_share``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from env_adapters import make_env as _make_env
 from env_adapters.base import StepResult, TextEnv
 
 NAME = "multi_char_share"
@@ -40,11 +39,8 @@ class MultiTurnCharShare(TextEnv):
         return StepResult(obs, share / self.turns, done, False, {"success": False, "format_error": not chars})
 
 
-def _make(name: str, **kwargs: Any) -> TextEnv:
-    return MultiTurnCharShare(**kwargs) if name == NAME else _make_env(name, **kwargs)
-
-
 def install(monkeypatch) -> None:
-    import agentgym.pipeline
+    """Register the env under ``NAME`` in the adapter table (as a user would add a line there)."""
+    import env_adapters
 
-    monkeypatch.setattr(agentgym.pipeline, "make_env", _make)
+    monkeypatch.setitem(env_adapters.ADAPTERS, NAME, f"{__name__}:MultiTurnCharShare")

@@ -86,6 +86,15 @@ def test_env_names_and_task_ids_are_checked_before_a_run():
         parse_config({"envs": [{"name": "textcraft", "tasks": [3], "eval_tasks": [-2]}]})
 
 
+def test_an_adapter_can_be_named_by_its_import_path():
+    from env_adapters import make_env
+
+    cfg = parse_config({"envs": [{"name": "env_adapters.keyword:KeywordEnv", "tasks": [0],
+                                  "kwargs": {"target": "yes"}}]})
+    env = make_env(cfg.envs[0].name, **cfg.envs[0].kwargs)
+    assert type(env).__name__ == "KeywordEnv" and env.reset(0)[0]
+
+
 def test_configuration_reference_is_current():
     from agentgym.config_docs import config_markdown
 
