@@ -235,13 +235,13 @@ def _int_field(body: dict[str, Any], *names: str, default: Any = ...) -> int:
     for name in names:
         if name in body and body[name] is not None:
             value = body[name]
+            if isinstance(value, (int, str)) and not isinstance(value, bool):
+                try:
+                    return int(value)
+                except ValueError:
+                    pass
             # present but not an integer: an error, never a silent fall back to the default task
-            if isinstance(value, bool) or not isinstance(value, (int, str)):
-                raise EnvRequestError(f"field {name!r} must be an integer, got {value!r}", "bad_request")
-            try:
-                return int(value)
-            except ValueError:
-                raise EnvRequestError(f"field {name!r} must be an integer, got {value!r}", "bad_request") from None
+            raise EnvRequestError(f"field {name!r} must be an integer, got {value!r}", "bad_request")
     if default is not ...:
         return default
     raise EnvRequestError(f"missing or non-integer field {names[0]!r}", "bad_request")
