@@ -300,6 +300,20 @@ class TrajectoryStore:
         root = os.path.abspath(self.root) if self._local and "://" not in self.root else self.root
         return {"root": root, "run_id": self.run_id, "storage_options": dict(self.storage_options)}
 
+    def check_writable(self) -> None:
+        """Write and delete a probe under the run's folder: an unusable ``store.root`` (no such
+        bucket, no permission, a read-only path) fails here, before a rollout is spent on it."""
+        probe = f"{self._base}/_commits/.probe-{uuid.uuid4().hex}"
+        try:
+            self._mkdirs(probe.rsplit("/", 1)[0])
+            with self.fs.open(probe, "wb") as fh:
+                fh.write(b"ok")
+            self.fs.rm(probe)
+        except Exception as e:  # noqa: BLE001 - any backend's failure, reported with the setting
+            raise OSError(f"store.root {self.root!r} is not writable for run {self.run_id!r}: "
+                          f"{type(e).__name__}: {e}; set store.root to a writable folder or "
+                          "s3:// bucket (and store.storage_options for its credentials)") from None
+
     # ------------------------------------------------------------------ paths
     def path(self, table: str) -> str:
         """The table directory, usable by pandas/pyarrow (pass ``storage_options`` for s3)."""

@@ -35,7 +35,7 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
     ref = tracker.latest_checkpoint(run_id)
     if ref is None:
-        get_session(config, run_id, create=True)
+        get_session(config, run_id, create=True).store.check_writable()
         return {"start_step": 0, "checkpoint": None}
     # a local folder, or downloaded once into a cache keyed by the artifact URI
     dst = materialize(ref.artifact_uri, config.tracking.tracking_uri, config.model.cache_dir)

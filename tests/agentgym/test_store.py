@@ -499,6 +499,7 @@ def test_s3_store_roundtrip(s3_server):
     root = f"s3://{s3_server['bucket']}/stores"
     store = TrajectoryStore(root, RUN, storage_options=opts)
     assert store.path("turns") == f"s3://{s3_server['bucket']}/stores/{RUN}/turns"
+    store.check_writable()
 
     eps = [make_episode(i) for i in range(3)]
     m = store.write_episodes(eps, stage=1, iteration=0, global_step=2, policy_version=1)
@@ -544,6 +545,8 @@ def test_s3_rejects_bad_credentials(s3_server):
     with pytest.raises(PermissionError):
         store.write_episodes([make_episode(0)], stage=1, iteration=0, global_step=0,
                              policy_version=0)
+    with pytest.raises(OSError, match="is not writable"):  # found before any rollout
+        store.check_writable()
 
 
 def test_train_batch_round_trip_keeps_order_and_optional_columns(tmp_path):
@@ -565,3 +568,14 @@ def test_train_batch_round_trip_keeps_order_and_optional_columns(tmp_path):
     assert Path(spec["root"]).is_absolute() and TrajectoryStore(**spec).read_train_rows(1, 4) == back
     with pytest.raises(ValueError, match="advantages has 1 values for 3 tokens"):
         store.write_train_batch([{**rows[1], "advantages": [0.0]}], stage=1, iteration=5)
+
+
+def test_an_unwritable_root_fails_the_check_naming_the_setting(tmp_path):
+    from agentgym.store import TrajectoryStore
+
+    TrajectoryStore(str(tmp_path / "ok"), "w").check_writable()
+    assert not [p for p in (tmp_path / "ok").rglob("*") if p.is_file()]  # the probe is gone
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OSError, match=r"store.root .*file' is not writable for run 'w'.*set store.root"):
+        TrajectoryStore(str(blocker), "w").check_writable()
