@@ -104,7 +104,7 @@ class Tracker:
     def stage_run(self, parent: str, run_id: str, index: int, horizon: int, iterations: int) -> str:
         found = self._find(**{TAG_RUN: run_id, TAG_KIND: "stage", TAG_STAGE: str(index)})
         if found:
-            if self.client.get_run(found).data.tags.get(TAG_DONE) != "true":  # a failed attempt: again
+            if not self._done(found):  # a failed or killed attempt: running again
                 self.client.update_run(found, status="RUNNING")
             return found
         run = self.client.create_run(
@@ -120,9 +120,10 @@ class Tracker:
 
     def stage_finished(self, run_id: str, index: int) -> bool:
         found = self._find(**{TAG_RUN: run_id, TAG_KIND: "stage", TAG_STAGE: str(index)})
-        if not found:
-            return False
-        return self.client.get_run(found).data.tags.get(TAG_DONE) == "true"
+        return bool(found) and self._done(found)
+
+    def _done(self, stage_run_id: str) -> bool:
+        return self.client.get_run(stage_run_id).data.tags.get(TAG_DONE) == "true"
 
     def run_link(self, mlflow_run_id: str) -> str:
         """Markdown pointing at the run in the MLflow UI: a link for a tracking server, the

@@ -45,18 +45,24 @@ def new_run_id() -> str:
 STAGE_TABLE_METRICS = ("reward_mean", "success_rate", "turns_per_episode", "format_error_rate")
 
 
-def _stage_artifact(tracker: Tracker, run_id: str, index: int, horizon: int, child: str) -> None:
-    """The stage's per-iteration table, read back from its MLflow run: a resumed stage shows
-    the iterations of every attempt, not only the last one's."""
-    from prefect.artifacts import create_table_artifact
-
+def _stage_history(tracker: Tracker, child: str) -> list[dict[str, Any]]:
+    """The stage run's ``STAGE_TABLE_METRICS`` per global step, read back from MLflow: after a
+    resume it holds every attempt's iterations, not only the last one's."""
     by_step: dict[int, dict[str, Any]] = {}
     for key in STAGE_TABLE_METRICS:
         for m in tracker.client.get_metric_history(child, key):
-            by_step.setdefault(m.step, {"global_step": m.step})[key] = round(m.value, 4)
+            by_step.setdefault(m.step, {"global_step": m.step})[key] = m.value
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _stage_artifact(tracker: Tracker, run_id: str, index: int, horizon: int, child: str,
+                    history: list[dict[str, Any]]) -> None:
+    """The stage's per-iteration table as a Prefect artifact, linking its MLflow run."""
+    from prefect.artifacts import create_table_artifact
+
     create_table_artifact(
         key=f"stage-{index}-{run_id}".lower().replace("_", "-")[:100],
-        table=[by_step[step] for step in sorted(by_step)],
+        table=[{k: v if k == "global_step" else round(v, 4) for k, v in h.items()} for h in history],
         description=f"ScalingInter-RL run {run_id}, stage {index} (horizon {horizon}): "
                     + tracker.run_link(child),
     )
@@ -105,15 +111,16 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
         tracker.client.set_terminated(child, "FAILED")
         raise
     tracker.finish_stage(child)
-    _stage_artifact(tracker, run_id, index, horizon, child)
-    return _stage_summary(tracker, child, index, horizon, iterations, checkpoint)
+    history = _stage_history(tracker, child)
+    _stage_artifact(tracker, run_id, index, horizon, child, history)
+    return _stage_summary(history, child, index, horizon, iterations, checkpoint)
 
 
-def _stage_summary(tracker: Tracker, child: str, index: int, horizon: int, iterations: int,
+def _stage_summary(history: list[dict[str, Any]], child: str, index: int, horizon: int, iterations: int,
                    checkpoint: str | None) -> dict[str, Any]:
-    """Per-stage numbers from MLflow (so a resumed run reports its whole history)."""
-    success = [m.value for m in sorted(tracker.client.get_metric_history(child, "success_rate"), key=lambda m: m.step)]
-    reward = [m.value for m in tracker.client.get_metric_history(child, "reward_mean")]
+    """Per-stage numbers from the stage's ``_stage_history`` (a resumed run reports it whole)."""
+    success = [h["success_rate"] for h in history if "success_rate" in h]
+    reward = [h["reward_mean"] for h in history if "reward_mean" in h]
     return {
         "stage": index, "horizon": horizon, "iterations": iterations, "mlflow_run_id": child,
         "checkpoint": checkpoint,
@@ -154,7 +161,8 @@ def scaling_inter_rl(
                 child = tracker.stage_run(parent, run_id, index, spec.horizon, spec.iterations)
                 tracker.finish_stage(child)
                 ckpt = restored["checkpoint"] if start_step == first + spec.iterations else None
-                stages.append(_stage_summary(tracker, child, index, spec.horizon, spec.iterations, ckpt))
+                stages.append(_stage_summary(_stage_history(tracker, child), child, index, spec.horizon,
+                                             spec.iterations, ckpt))
                 continue
             stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
                                      start_iteration=max(0, start_step - first)))
