@@ -893,3 +893,16 @@ def value_loss(
             "vpred_mean": float(masked_mean(v, m)),
         }
     return loss, metrics
+
+
+def sft_loss(logprobs: Tensor, loss_mask: Tensor, loss_agg: str = "token-mean", *,
+             norm_length: int | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Supervised fine-tuning loss: the cross-entropy of the demonstrated tokens.
+
+    ``logprobs`` (B, T): log-prob of each token under the policy at temperature 1 (read only where
+    ``loss_mask`` (B, T) is 1, the expert's reply tokens); aggregated like the policy loss
+    (``aggregate_loss``). Returns ``(loss, {"sft_loss": ...})``; ``exp(sft_loss)`` is the
+    demonstrations' perplexity under ``token-mean``.
+    """
+    loss = aggregate_loss(-logprobs, loss_mask, loss_agg, norm_length=norm_length)
+    return loss, {"sft_loss": float(loss.detach())}

@@ -90,6 +90,16 @@ def train(
         if event == "start":
             bar["it"] = tqdm(total=data["total"], initial=data.get("done", 0), desc=f"run {data['run_id']}",
                              unit="iter", file=sys.stderr, dynamic_ncols=True)
+        elif event == "phase":  # demonstrations, SFT steps: a bar of their own each
+            name = str(data["name"])
+            if name not in bar:
+                bar[name] = tqdm(total=data["total"], desc=name, file=sys.stderr, dynamic_ncols=True, leave=False)
+            b = bar[name]
+            b.update(int(data["done"]) - b.n)
+            if data.get("postfix"):
+                b.set_postfix(**data["postfix"])
+            if data["done"] >= data["total"]:
+                b.close()
         elif event == "iteration" and "it" in bar:
             m = data["metrics"]
             bar["it"].set_postfix(stage=data["stage"], horizon=data["horizon"],
@@ -134,6 +144,23 @@ def _print_summary(result: dict, seconds: float) -> None:
         table.add_row(str(s["stage"]), str(s["horizon"]), str(s["iterations"]),
                       f"{s['success_rate']:.3f}", f"{s['final_success_rate']:.3f}", f"{s['reward_mean']:.3f}")
     out.print(table)
+    if result.get("sft"):
+        s = result["sft"]
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        out.print(f"SFT warm start: {s['steps']} steps; held-out demo loss {fmt(s['heldout_loss_before'])} -> "
+                  f"{fmt(s['heldout_loss_after'])}, token accuracy {fmt(s['heldout_accuracy_before'])} -> "
+                  f"{fmt(s['heldout_accuracy_after'])}")
+    if result.get("heldout"):
+        rows = result["heldout"]
+        cols = [c for c in rows[0] if c != "policy"]
+        held = Table(title="Held-out success (random-valid: mean over seeds; policies: greedy@1)")
+        held.add_column("policy")
+        for c in cols:
+            held.add_column(c, justify="right")
+        for r in rows:
+            held.add_row(r["policy"], *[("-" if r.get(c) is None else
+                                         f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])) for c in cols])
+        out.print(held)
     out.print(f"run id:        {result['run_id']}"
               + (f" (resumed at step {result['resumed_from_step']})" if result.get("resumed_from_step") else ""))
     out.print(f"trajectories:  {result['store']}")

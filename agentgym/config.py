@@ -33,8 +33,10 @@ class ModelConfig(_Strict):
         description="'tiny' (test model built locally), 'smollm2' (packaged SmolLM2-135M-Instruct) "
         "or a path to a local Hugging Face model folder.",
     )
-    dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="Weights dtype for rollouts and training (bf16 is ~2x faster on CPU)."
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="Weights dtype of the rollout engine. auto: bfloat16 where the hardware has "
+        "bf16 arithmetic (CUDA, or a CPU with AVX512-BF16 / AMX), else float32 (emulated bf16 was 7x "
+        "slower than fp32 on a CPU without them; see agentgym/hardware.py)."
     )
     cache_dir: str = Field(
         "~/.cache/agentgym/models", description="Where prepared models (tiny, smollm2) are cached."
@@ -105,6 +107,14 @@ class RolloutConfig(_Strict):
         default_factory=list, description="Stop strings; the reply ends after the first match."
     )
     env_workers: int = Field(16, ge=1, description="Threads stepping environments concurrently.")
+    max_draws: int = Field(
+        1, ge=1,
+        description="Dynamic sampling (DAPO / verl filter_groups): when fewer than tasks_per_iteration "
+        "of an iteration's groups are informative (rewards not all tied, so GRPO/RLOO have a "
+        "signal), draw and play another tasks_per_iteration tasks, up to max_draws draws in all. "
+        "1: off. Every drawn episode is committed; tied groups are skipped by the update as always. "
+        "Metrics: sampling_draws, informative_groups.",
+    )
     max_infra_error_fraction: float = Field(
         0.5, ge=0, le=1,
         description="Fail the iteration (before committing it, so a re-run rolls it out again) when "
@@ -291,8 +301,16 @@ class TrainerConfig(_Strict):
         "ranks once (torchrun on this host, or the DeepSpeed launcher over `hostfile`) that keeps "
         "weights and optimizer state in memory between iterations; each rank trains on 1/N of a batch.",
     )
-    bf16: bool = Field(True, description="Train in bf16 (DeepSpeed keeps fp32 master weights).")
+    bf16: bool | Literal["auto"] = Field(
+        "auto", description="Train in bf16 (DeepSpeed keeps fp32 master weights). auto: where the "
+        "hardware has bf16 arithmetic (see model.dtype); emulated bf16 made forward + backward 15x "
+        "slower than fp32 on a CPU without it.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    train_layers: int | None = Field(
+        None, ge=1,
+        description="Train only the top N decoder layers and the final norm (embeddings and lower "
+        "layers frozen): the backward pass stops at layer N from the top, 2x faster per token with the "
+        "top quarter of SmolLM2 on CPU. None: train every weight. Not with lora.")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant",
         description="Learning rate after warmup: constant, or cosine decay to lr_min_ratio x lr at "
@@ -328,6 +346,9 @@ class TrainerConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_lr(self) -> "TrainerConfig":
+        if self.train_layers is not None and self.lora is not None:
+            raise ValueError("trainer.train_layers and trainer.lora both limit what trains; keep one "
+                             "(train_layers: null, or lora: null)")
         if self.lr_schedule == "cosine" and self.lr_decay_steps <= self.lr_warmup_steps:
             raise ValueError(
                 f"lr_schedule=cosine needs lr_decay_steps > lr_warmup_steps (got {self.lr_decay_steps} "
@@ -406,6 +427,58 @@ class TrackingConfig(_Strict):
     eval_k: int = Field(4, ge=1, description="Samples per held-out task for Avg@k / Pass@k during training.")
 
 
+class SFTConfig(_Strict):
+    """Supervised warm start on scripted-expert demonstrations, before the RL stages (AgentGym's
+    behavioural cloning step): the policy learns the action format and a sensible first policy,
+    so the RL reward is not silent."""
+
+    enabled: bool = Field(
+        False, description="Run the SFT stage (a Prefect subflow with its own MLflow run) before "
+        "the ScalingInter-RL stages; the RL stages then start from its checkpoint.")
+    episodes: int = Field(
+        200, ge=1, description="Successful expert demonstrations to train on, drawn round-robin over "
+        "the environments' training tasks with fresh reset seeds (failed attempts are dropped).")
+    heldout_episodes: int = Field(
+        16, ge=0, description="Expert demonstrations on the eval_tasks, never trained on: the "
+        "held-out cross-entropy (sft/heldout_loss) before and after the stage. 0: none.")
+    horizon: int = Field(20, ge=1, description="Turn limit of an expert episode.")
+    noise: float = Field(
+        0.0, ge=0, lt=1,
+        description="Probability that a turn of a demonstration is a random valid action instead of "
+        "the expert's (kept as context, not trained on): the policy then sees off-track states and "
+        "the expert's recovery from them.")
+    epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
+    batch_size: int = Field(
+        8, ge=1, description="Demonstrations per optimizer step (accumulated in "
+        "trainer.micro_batch_size micro-batches).")
+    learning_rate: float = Field(
+        5e-5, gt=0, description="AdamW learning rate of the SFT stage (the RL stages keep "
+        "trainer.learning_rate); the other trainer settings (ZeRO, bf16, LoRA) are shared.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps, then cosine decay to 10%.")
+    seed: int = Field(0, description="Seed of the demonstrations (tasks, reset seeds, noise) and "
+                                     "of the SFT batches.")
+
+
+class HeldOutConfig(_Strict):
+    """Before/after evaluation on the held-out ``eval_tasks``: the random-valid-action policy and
+    the base model before training, the policy after SFT and after each RL stage, side by side."""
+
+    enabled: bool = Field(
+        False, description="Run the before/after evaluations (MLflow metrics heldout/<policy>/..., "
+        "one Prefect table artifact, the CLI summary's table).")
+    horizon: int | None = Field(
+        None, ge=1, description="Turn limit of the held-out episodes (None: the last stage's horizon).")
+    k: int = Field(
+        1, ge=1, description="1: greedy@1 only. k > 1: also k sampled episodes per task (Avg@k, Pass@k).")
+    random_seeds: int = Field(
+        10, ge=1, description="Seeds of the random-valid-action baseline, averaged (its single-seed "
+        "spread on 40 BabyAI tasks is 15-50%).")
+    seed: int = Field(0, ge=0, description="Environment reset seed of the held-out episodes.")
+    every_stage: bool = Field(
+        True, description="Evaluate the policy at the end of every ScalingInter-RL stage; False: after "
+        "the last stage only (each evaluation plays every held-out task to the horizon).")
+
+
 class PipelineConfig(_Strict):
     run_id: str | None = Field(
         None, description="Pipeline run id; reuse one to resume. None: a new id is generated."
@@ -423,6 +496,9 @@ class PipelineConfig(_Strict):
         default_factory=lambda: ScheduleConfig(rounds=[6, 13, 20], steps_per_stage=3),
         description="ScalingInter-RL stages (horizon and iterations of each).",
     )
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Supervised warm start on expert demonstrations.")
+    heldout: HeldOutConfig = Field(default_factory=HeldOutConfig,
+                                   description="Before/after evaluation on the held-out tasks.")
     store: StoreConfig = Field(default_factory=StoreConfig, description="Trajectory store.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking and checkpoints.")
 
@@ -440,6 +516,17 @@ class PipelineConfig(_Strict):
                 f"algorithm.mini_batches={self.algorithm.mini_batches} exceeds the rollout batch "
                 f"({batch} episodes); lower mini_batches or raise tasks_per_iteration/group_size"
             )
+        if self.sft.enabled:
+            from env_adapters.experts import EXPERTS
+
+            missing = sorted({e.name for e in self.envs} - set(EXPERTS))
+            if missing:
+                raise ValueError(
+                    f"sft.enabled needs a scripted expert for every environment; none for {missing} "
+                    f"(experts: {sorted(EXPERTS)}); drop those envs or set sft.enabled: false")
+        if self.heldout.enabled and not any(e.eval_tasks for e in self.envs):
+            raise ValueError("heldout.enabled needs eval_tasks on at least one environment; list "
+                             "held-out task ids in envs[].eval_tasks or set heldout.enabled: false")
         if self.rollout.engine == "vllm":
             import importlib.util
 

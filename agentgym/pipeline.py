@@ -31,15 +31,20 @@ from agentgym.types import Episode
 from env_adapters import make_env
 
 
-def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = False) -> list[EpisodeSpec]:
-    """The episodes of one iteration: a pure function of (config, global step).
+def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = False,
+                  draw: int = 0) -> list[EpisodeSpec]:
+    """The episodes of one iteration: a pure function of (config, global step, draw).
+
+    ``draw`` > 0 is a further draw of dynamic sampling (``rollout.max_draws``): other tasks, group
+    ids ending in ``-d<draw>``.
 
     ``tasks_per_iteration`` tasks are split across the environments in proportion to their
     weights (largest remainder, so a mixed batch always holds every environment its share
     allows), then drawn within each environment without replacement while possible; each task
     is played ``group_size`` times from the same initial state, which GRPO/RLOO compare.
     """
-    rng = random.Random(f"{cfg.seed}:{global_step}:{'eval' if eval_split else 'train'}")
+    rng = random.Random(f"{cfg.seed}:{global_step}:{'eval' if eval_split else 'train'}"
+                        + (f":draw{draw}" if draw else ""))
     envs = [e for e in cfg.envs if (e.eval_tasks if eval_split else e.tasks)]
     if not envs:
         return []
@@ -60,7 +65,7 @@ def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = Fals
     specs = []
     for g, (k, task) in enumerate(picks):
         env = envs[k]
-        group = f"s{global_step}-g{g}-{env.name}-{task}"
+        group = f"s{global_step}-g{g}-{env.name}-{task}" + (f"-d{draw}" if draw else "")
         for i in range(cfg.rollout.group_size):
             specs.append(EpisodeSpec(env.name, task, cfg.seed, group, f"{group}-e{i}", dict(env.kwargs)))
     return specs
@@ -83,6 +88,16 @@ def check_infra_errors(episodes: list[Episode], max_fraction: float, ref: Iterat
         f"infrastructure errors (rollout.max_infra_error_fraction={max_fraction}); nothing was "
         f"committed. Errors: {shown}. Fix the environment setup (server address, env name, task "
         f"ids) and re-run with the same run id.")
+
+
+def informative_groups(episodes: list[Episode]) -> int:
+    """Groups whose scored episodes do not all tie (GRPO / RLOO get a signal from them)."""
+    scored = [e for e in episodes if not e.infra_error]
+    if not scored:
+        return 0
+    tied = A.tied_groups(torch.tensor([e.reward for e in scored], dtype=torch.float64),
+                         [e.group_id for e in scored]).tolist()
+    return len({e.group_id for e, t in zip(scored, tied) if not t})
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -149,14 +164,19 @@ class PolicySession:
         if existing is not None:  # already committed (resume): never roll out twice
             eps = self.store.read_episodes(ref.stage, ref.iteration)
             return {"rows": existing.rows, "digest": existing.digest, "reused": True, **episode_metrics(eps)}
-        specs = plan_episodes(self.cfg, ref.global_step)
         t0 = time.perf_counter()
         tokens_before = self.engine.generated_tokens
-        episodes = run_episodes(
-            self.engine, self.formatter, specs,
-            self.rollout_settings(horizon, seed=self.cfg.seed * 1_000_003 + ref.global_step),
-            make_env=make_env, on_turn=on_turn,
-        )
+        episodes: list[Episode] = []
+        draws = 0
+        # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once)
+        while draws < self.cfg.rollout.max_draws and (
+                draws == 0 or informative_groups(episodes) < self.cfg.rollout.tasks_per_iteration):
+            seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
+            episodes += run_episodes(
+                self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws),
+                self.rollout_settings(horizon, seed=seed), make_env=make_env, on_turn=on_turn,
+            )
+            draws += 1
         seconds = time.perf_counter() - t0
         gen = self.engine.generated_tokens - tokens_before
         check_infra_errors(episodes, self.cfg.rollout.max_infra_error_fraction, ref)
@@ -168,6 +188,7 @@ class PolicySession:
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
             "gen_tokens_per_s": gen / seconds if seconds > 0 else float("nan"),
+            "sampling_draws": float(draws), "informative_groups": float(informative_groups(episodes)),
             **episode_metrics(episodes),
         }
 

@@ -24,6 +24,7 @@ TAG_STAGE = "agentgym.stage"
 TAG_DONE = "agentgym.stage_finished"
 TAG_CKPT = "agentgym.last_checkpoint"
 TAG_CKPT_STEP = "agentgym.last_checkpoint_step"
+TAG_SFT_EPOCH = "agentgym.sft_epoch_checkpoint"
 # config fields that may change when a run is resumed (they do not change what is trained)
 RESUME_MUTABLE = ("run_id", "tracking.", "store.storage_options", "rollout.env_workers")
 
@@ -176,13 +177,14 @@ class Tracker:
         return f"{run.info.artifact_uri}/{path}"
 
     def latest_checkpoint(self, run_id: str) -> CheckpointRef | None:
-        """The checkpoint with the highest global step among the run's stage runs."""
+        """The checkpoint with the highest global step among the run's stage runs and its SFT
+        run (whose finished policy is the step-0 checkpoint the RL stages start from)."""
         runs = self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_id}' and tags.`{TAG_KIND}` = 'stage'")
+            [self.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_id}'")
         best: CheckpointRef | None = None
         for r in runs:
             tags = r.data.tags
-            if TAG_CKPT_STEP not in tags:
+            if tags.get(TAG_KIND) not in ("stage", "sft") or TAG_CKPT_STEP not in tags:
                 continue
             step = int(tags[TAG_CKPT_STEP])
             if best is None or step > best.global_step:
@@ -198,3 +200,50 @@ class Tracker:
                      source_type="agentgym-trajectory-store",
                      source=json.dumps({"uri": source, "sha256": digest, "rows": rows}))
         self.client.log_inputs(mlflow_run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", "training")])])
+
+    # -- the SFT stage ----------------------------------------------------------------------
+    def sft_run(self, parent: str, run_id: str, params: dict[str, Any]) -> str:
+        """The child run of the SFT stage of pipeline ``run_id`` (found again by its tags)."""
+        found = self._find(**{TAG_RUN: run_id, TAG_KIND: "sft"})
+        if found:
+            if not self._done(found):
+                self.client.update_run(found, status="RUNNING")
+            return found
+        run = self.client.create_run(
+            self.experiment_id, run_name=f"{run_id}-sft",
+            tags={TAG_RUN: run_id, TAG_KIND: "sft", TAG_STAGE: "sft", "mlflow.parentRunId": parent})
+        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        return run.info.run_id
+
+    def run_checkpoint(self, mlflow_run_id: str) -> str | None:
+        """Artifact URI of the last checkpoint logged to a stage or SFT run (None: none yet)."""
+        run = self.client.get_run(mlflow_run_id)
+        path = run.data.tags.get(TAG_CKPT)
+        return f"{run.info.artifact_uri}/{path}" if path else None
+
+    def is_finished(self, mlflow_run_id: str) -> bool:
+        """Whether a stage or SFT run was marked finished (``finish_stage``)."""
+        return self._done(mlflow_run_id)
+
+    def log_sft_epoch_checkpoint(self, mlflow_run_id: str, folder: str | Path, epoch: int) -> str:
+        """An HF folder after SFT epoch ``epoch`` (``sft/epoch-XX``): what a killed SFT stage
+        resumes from. Not a pipeline checkpoint: ``latest_checkpoint`` ignores it."""
+        path = f"sft/epoch-{epoch:02d}"
+        self.client.log_artifacts(mlflow_run_id, str(folder), path)
+        self.client.set_tag(mlflow_run_id, TAG_SFT_EPOCH, str(epoch))
+        return f"{self.client.get_run(mlflow_run_id).info.artifact_uri}/{path}"
+
+    def sft_epoch_checkpoint(self, mlflow_run_id: str) -> tuple[str, int] | None:
+        """``(artifact URI, epoch)`` of the SFT run's last epoch checkpoint, if any."""
+        run = self.client.get_run(mlflow_run_id)
+        epoch = run.data.tags.get(TAG_SFT_EPOCH)
+        if epoch is None:
+            return None
+        return f"{run.info.artifact_uri}/sft/epoch-{int(epoch):02d}", int(epoch)
+
+    def has_artifact(self, mlflow_run_id: str, path: str) -> bool:
+        folder, _, name = path.rpartition("/")
+        return any(f.path == path for f in self.client.list_artifacts(mlflow_run_id, folder or None))
+
+    def load_dict(self, mlflow_run_id: str, path: str) -> dict[str, Any]:
+        return json.loads(Path(self.client.download_artifacts(mlflow_run_id, path)).read_text())

@@ -26,7 +26,9 @@ from agentgym.schedule import position, stage_start, total_steps
 from agentgym.tracking import Tracker
 from tasks.rl import collect_rollouts, compute_advantages, restore_policy, save_checkpoint, update_policy
 from tasks.evaluation import evaluate_checkpoint
+from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison
 from tasks.runtime import drop_session
+from flows.sft import sft_flow
 
 ITERATION_METRICS = (
     "reward_mean", "success_rate", "turns_per_episode", "format_error_rate", "gen_tokens_per_s",
@@ -34,7 +36,7 @@ ITERATION_METRICS = (
     "policy_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl",
     "grad_norm", "update_seconds", "optimizer_steps", "skipped_episodes",
     "vf_loss", "vf_clipfrac", "explained_variance", "value_mean", "return_mean", "critic_grad_norm",
-    "old_logprob_abs_diff",
+    "old_logprob_abs_diff", "sampling_draws", "informative_groups",
 )
 
 
@@ -151,7 +153,16 @@ def scaling_inter_rl(
     tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
     parent = tracker.pipeline_run(run_id, config.model_dump(mode="json"))
     stages: list[dict[str, Any]] = []
+    heldout: dict[str, dict[str, Any]] = {}  # policy label -> held-out result, in table order
+    sft = None
     try:
+        if config.heldout.enabled:  # the floor and the starting point, before any training
+            heldout["random-valid"] = heldout_random_valid(config, parent)
+            heldout["base"] = heldout_policy(config, parent, "base", config.model.name_or_path)
+        if config.sft.enabled:
+            sft = sft_flow(config, run_id, parent)
+            if config.heldout.enabled:
+                heldout["sft"] = heldout_policy(config, parent, "sft", sft["checkpoint"])
         restored = restore_policy(config, run_id)
         start_step = restored["start_step"]
         progress.report("start", total=total_steps(config.stages), done=start_step, run_id=run_id)
@@ -163,9 +174,14 @@ def scaling_inter_rl(
                 ckpt = restored["checkpoint"] if start_step == first + spec.iterations else None
                 stages.append(_stage_summary(_stage_history(tracker, child), child, index, spec.horizon,
                                              spec.iterations, ckpt))
-                continue
-            stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
-                                     start_iteration=max(0, start_step - first)))
+            else:
+                stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
+                                         start_iteration=max(0, start_step - first)))
+            last = index == len(config.stages) - 1
+            if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
+                ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])
+                heldout[f"stage-{index}"] = heldout_policy(config, parent, f"stage-{index}", ckpt)
+        table = publish_comparison(run_id, heldout, tracker.run_link(parent)) if heldout else []
         tracker.finish_pipeline(parent)
     except BaseException:
         tracker.finish_pipeline(parent, "FAILED")
@@ -175,5 +191,5 @@ def scaling_inter_rl(
     return {
         "run_id": run_id, "mlflow_run_id": parent, "tracking_uri": config.tracking.tracking_uri,
         "experiment": config.tracking.experiment, "store": f"{config.store.root.rstrip('/')}/{run_id}",
-        "resumed_from_step": start_step, "stages": stages,
+        "resumed_from_step": start_step, "stages": stages, "sft": sft, "heldout": table,
     }

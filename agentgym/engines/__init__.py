@@ -8,7 +8,11 @@ from agentgym.engines.base import InferenceEngine, Sample, SamplingParams
 
 
 def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16", **kwargs) -> tuple[InferenceEngine, object]:
-    """Build the rollout engine ``kind`` over a local HF folder; returns (engine, tokenizer)."""
+    """Build the rollout engine ``kind`` over a local HF folder; returns (engine, tokenizer).
+    ``dtype`` "auto" is bfloat16 where the hardware computes it natively, else float32."""
+    from agentgym.hardware import resolve_dtype
+
+    dtype = resolve_dtype(dtype)
     if kind == "hf":
         from agentgym.engines.hf import HFEngine
         from agentgym.models import load_model

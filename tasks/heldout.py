@@ -1,0 +1,92 @@
+"""Prefect tasks of the before/after held-out evaluation (``agentgym.heldout``).
+
+Each result is logged once to the pipeline's MLflow run -- metrics ``heldout/<policy>/<env>/
+<category>/...`` and the whole report as the artifact ``heldout/<policy>.json`` -- and a re-run
+(resume) reads it back instead of playing the episodes again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from agentgym.chat import ChatFormatter
+from agentgym.config import PipelineConfig
+from agentgym.engines import create_engine
+from agentgym.evaluation import evaluate
+from agentgym.heldout import RANDOM, comparison_table, heldout_horizon, random_valid_report
+from agentgym.registry import materialize
+from agentgym.tracking import Tracker
+
+
+def _logged(tracker: Tracker, parent: str, label: str) -> dict[str, Any] | None:
+    path = f"heldout/{label}.json"
+    return tracker.load_dict(parent, path) if tracker.has_artifact(parent, path) else None
+
+
+def _log(tracker: Tracker, parent: str, label: str, result: dict[str, Any]) -> dict[str, Any]:
+    from agentgym.evaluation import EvalReport
+
+    metrics: dict[str, float] = {}
+    for mode in ("greedy", "sampled"):
+        if result.get(mode):
+            metrics.update(EvalReport.from_dict(result[mode]).metrics(f"heldout/{label}"))
+    metrics[f"heldout/{label}/seconds"] = result["seconds"]
+    tracker.log_metrics(parent, metrics, step=0)
+    tracker.client.log_dict(parent, result, f"heldout/{label}.json")
+    return result
+
+
+@task(name="heldout_random_valid", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def heldout_random_valid(config: PipelineConfig, parent_mlflow_id: str) -> dict[str, Any]:
+    """The random-valid-action baseline on the eval tasks (mean over ``heldout.random_seeds``)."""
+    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    done = _logged(tracker, parent_mlflow_id, RANDOM)
+    if done is not None:
+        return done
+    t0 = time.perf_counter()
+    report = random_valid_report(config)
+    return _log(tracker, parent_mlflow_id, RANDOM, {
+        "label": RANDOM, "model": None, "sampled": report.to_dict(), "greedy": None,
+        "seconds": time.perf_counter() - t0})
+
+
+@task(name="heldout_policy", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def heldout_policy(config: PipelineConfig, parent_mlflow_id: str, label: str, model: str) -> dict[str, Any]:
+    """Greedy@1 (and with ``heldout.k > 1`` Avg@k / Pass@k) of the policy ``model`` (a model
+    name, folder or checkpoint URI) on the eval tasks, under ``label``."""
+    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    done = _logged(tracker, parent_mlflow_id, label)
+    if done is not None:
+        return done
+    h = config.heldout
+    t0 = time.perf_counter()
+    path = materialize(model, config.tracking.tracking_uri, config.model.cache_dir)
+    engine, tokenizer = create_engine(config.rollout.engine, path, config.model.dtype)
+    formatter = ChatFormatter(tokenizer, config.rollout.response_prefix)
+    horizon = heldout_horizon(config)
+    try:
+        greedy = evaluate(engine, formatter, config, k=1, horizon=horizon, greedy=True, seed=h.seed)
+        sampled = evaluate(engine, formatter, config, k=h.k, horizon=horizon, seed=h.seed) if h.k > 1 else None
+    finally:
+        engine.close()
+    seconds = time.perf_counter() - t0
+    get_run_logger().info("held-out %s: greedy@1 %.3f (%.0f s)", label, greedy.score, seconds)
+    return _log(tracker, parent_mlflow_id, label, {
+        "label": label, "model": model, "greedy": greedy.to_dict(),
+        "sampled": sampled.to_dict() if sampled else None, "seconds": seconds})
+
+
+def publish_comparison(run_id: str, results: dict[str, dict[str, Any]], link: str) -> list[dict[str, Any]]:
+    """The side-by-side table as one Prefect artifact; returns its rows."""
+    rows = comparison_table(results)
+    horizon = next((r.get("greedy") or r.get("sampled"))["horizon"] for r in results.values())
+    create_table_artifact(
+        key=f"heldout-{run_id}".lower().replace("_", "-")[:100], table=rows,
+        description=f"Held-out success of run {run_id} at horizon {horizon}: random-valid (mean over "
+                    f"seeds), base model, after SFT, after each ScalingInter-RL stage (greedy@1). {link}")
+    return rows
