@@ -14,6 +14,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from agentgym import progress
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
 from agentgym.engines import create_engine
@@ -70,8 +71,14 @@ def heldout_policy(config: PipelineConfig, parent_mlflow_id: str, label: str, mo
     formatter = ChatFormatter(tokenizer, config.rollout.response_prefix)
     horizon = heldout_horizon(config)
     try:
-        greedy = evaluate(engine, formatter, config, k=1, horizon=horizon, greedy=True, seed=h.seed)
-        sampled = evaluate(engine, formatter, config, k=h.k, horizon=horizon, seed=h.seed) if h.k > 1 else None
+        def on_turn(turn: int, live: int, mode: str) -> None:
+            progress.report("phase", name=f"held-out {label} ({mode})", done=turn + 1, total=horizon,
+                            postfix={"live episodes": live})
+
+        greedy = evaluate(engine, formatter, config, k=1, horizon=horizon, greedy=True, seed=h.seed,
+                          on_turn=lambda t, n: on_turn(t, n, "greedy"))
+        sampled = evaluate(engine, formatter, config, k=h.k, horizon=horizon, seed=h.seed,
+                           on_turn=lambda t, n: on_turn(t, n, f"{h.k} samples")) if h.k > 1 else None
     finally:
         engine.close()
     seconds = time.perf_counter() - t0

@@ -1,0 +1,47 @@
+"""Dynamic sampling (rollout.max_draws): tied groups make the iteration draw more tasks, up to the
+bound; informative draws stop it; every drawn episode is committed with unique ids."""
+
+import pandas as pd
+import pytest
+
+from agentgym.config import parse_config
+from agentgym.pipeline import IterationRef, PolicySession, plan_episodes
+
+
+def _config(tmp_path, model_cache, target: str, mode: str = "starts_with", max_draws: int = 3):
+    return parse_config({
+        "seed": 1, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "envs": [{"name": "keyword", "tasks": [0, 1, 2, 3, 4, 5], "kwargs": {"target": target, "mode": mode}}],
+        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 4, "max_draws": max_draws},
+        "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
+        "store": {"root": str(tmp_path / "store")},
+    })
+
+
+def test_draws_are_distinct_and_draw_zero_is_unchanged(tmp_path, model_cache):
+    cfg = _config(tmp_path, model_cache, "x")
+    first, again = plan_episodes(cfg, 5), plan_episodes(cfg, 5, draw=0)
+    assert [s.episode_id for s in first] == [s.episode_id for s in again]
+    assert not any("-d" in s.group_id for s in first)
+    second = plan_episodes(cfg, 5, draw=1)
+    assert all(s.group_id.endswith("-d1") for s in second)
+    assert not {s.episode_id for s in first} & {s.episode_id for s in second}
+
+
+@pytest.mark.parametrize("target,mode,draws", [("xyzzyq", "starts_with", 3), ("aeiou", "char_share", 1)])
+def test_tied_groups_draw_again_up_to_the_bound(tmp_path, model_cache, target, mode, draws):
+    # an untrained model never says "xyzzyq": every group ties at 0 and all 3 draws are made;
+    # char_share rewards differ between samples: the first draw is informative
+    session = PolicySession(_config(tmp_path, model_cache, target, mode), "ds-test")
+    try:
+        out = session.collect(IterationRef(0, 0, 0), horizon=1)
+    finally:
+        session.close()
+    assert out["sampling_draws"] == draws
+    episodes = pd.read_parquet(tmp_path / "store" / "ds-test" / "episodes")
+    assert len(episodes) == draws * 2 * 2 and episodes.episode_id.is_unique
+    assert episodes.group_id.nunique() == draws * 2
+    if draws == 3:
+        assert out["informative_groups"] == 0
+    else:
+        assert out["informative_groups"] >= 2
