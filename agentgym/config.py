@@ -577,12 +577,28 @@ def _parse_override(item: str) -> tuple[str, Any]:
                           "quote it for the shell, e.g. --set 'envs.0.tasks=[1, 2]'") from None
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML; a number indexes a list, as in
-    ``envs.0.tasks=[1,2]``) to a raw config dict."""
-    for item in overrides:
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """The one override path (``agentgym train|eval|config check --set``, the flows'
+    ``overrides`` parameter, deployments): apply ``a.b.c=value`` overrides (value parsed as YAML;
+    a number indexes a list, as in ``envs.0.tasks=[1,2]``) to a raw config dict, in place.
+
+    Setting ``schedule.stages`` drops the config's ``schedule.rounds`` shorthand (and the other
+    way round), so one override replaces a schedule whichever form the file used.
+    """
+    keys = []
+    for item in overrides or []:
         key, value = _parse_override(item)
+        keys.append(key)
         set_path(data, key, value, item)
+    sched = data.get("schedule")
+    if isinstance(sched, dict):
+        sets_stages = any(k.startswith("schedule.stages") for k in keys)
+        sets_rounds = any(k.startswith(("schedule.rounds", "schedule.steps_per_stage")) for k in keys)
+        if sets_stages and not sets_rounds:
+            sched.pop("rounds", None)
+            sched.pop("steps_per_stage", None)
+        if sets_rounds and not sets_stages:
+            sched.pop("stages", None)
     return data
 
 
@@ -618,28 +634,10 @@ def set_path(data: dict[str, Any], key: str, value: Any, item: str | None = None
 
 
 def with_overrides(config: PipelineConfig, overrides: list[str] | None) -> PipelineConfig:
-    """``config`` with ``field.path=value`` overrides applied (validated like a config file).
-
-    Setting ``schedule.stages`` drops the config's ``schedule.rounds`` shorthand (and the other
-    way round), so one override replaces a schedule.
-    """
+    """``config`` with ``apply_overrides`` applied to its fields (validated like a config file)."""
     if not overrides:
         return config
-    data = config.model_dump(mode="json", exclude_none=True)
-    keys = []
-    for item in overrides:
-        key, value = _parse_override(item)
-        keys.append(key)
-        set_path(data, key, value, item)
-    sched = data.get("schedule")
-    if isinstance(sched, dict):
-        sets_stages = any(k.startswith("schedule.stages") for k in keys)
-        sets_rounds = any(k.startswith(("schedule.rounds", "schedule.steps_per_stage")) for k in keys)
-        if sets_stages and not sets_rounds:
-            sched.pop("rounds", None)
-            sched.pop("steps_per_stage", None)
-        if sets_rounds and not sets_stages:
-            sched.pop("stages", None)
+    data = apply_overrides(config.model_dump(mode="json", exclude_none=True), overrides)
     return parse_config(data, source=f"overrides {list(overrides)}")
 
 
@@ -653,4 +651,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Pipelin
         raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return parse_config(apply_overrides(data, overrides or []), source=str(path))
+    return parse_config(apply_overrides(data, overrides), source=str(path))

@@ -1,21 +1,41 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentgym.config import ConfigError, PipelineConfig, ScheduleConfig, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_defaults_are_valid():
-    cfg = PipelineConfig()
-    assert [s.horizon for s in cfg.stages] == [6, 13, 20]
+def test_defaults_are_the_documented_curriculum():
+    # the README's default ScalingInter-RL horizons (6, 13, 20), not merely "some valid stages"
+    assert [s.horizon for s in PipelineConfig().stages] == [6, 13, 20]
+
+
+def _leaves(node, path=()):
+    """(path, value) of every scalar a YAML file sets; lists of mappings are walked by index."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(node, list) and node and all(isinstance(x, dict) for x in node):
+        for i, x in enumerate(node):
+            yield from _leaves(x, (*path, i))
+    else:
+        yield path, node
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
-def test_shipped_configs_load(name):
-    cfg = load_config(ROOT / "configs" / name)
-    assert len(cfg.stages) >= 1
+def test_shipped_configs_mean_what_they_say(name):
+    """Every value a shipped config sets is the value the run gets (no field silently dropped,
+    renamed or defaulted on the way)."""
+    raw = yaml.safe_load((ROOT / "configs" / name).read_text())
+    parsed = load_config(ROOT / "configs" / name).model_dump(mode="json")
+    for path, value in _leaves(raw):
+        got = parsed
+        for p in path:
+            got = got[p]
+        assert got == value, f"{name}: {'.'.join(map(str, path))} is {got!r}, the file says {value!r}"
 
 
 def test_rounds_shorthand_expands():
@@ -54,6 +74,17 @@ def test_overrides_apply(tmp_path):
     p.write_text("schedule: {stages: [{horizon: 2, iterations: 1}]}\n")
     cfg = load_config(p, ["rollout.group_size=8", "envs=[{name: textcraft, tasks: [1]}]"])
     assert cfg.rollout.group_size == 8 and cfg.envs[0].name == "textcraft"
+
+
+def test_train_set_replaces_a_rounds_schedule(tmp_path):
+    """`agentgym train --set schedule.stages=[...]` on a `rounds:` config (it used to fail with
+    "both stages and rounds" while a deployment's overrides accepted it)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("schedule: {rounds: [6, 13], steps_per_stage: 2}\n")
+    cfg = load_config(p, ["schedule.stages=[{horizon: 2, iterations: 3}]"])
+    assert [(s.horizon, s.iterations) for s in cfg.stages] == [(2, 3)]
+    cfg = load_config(p, ["schedule.rounds=[4]"])  # steps_per_stage stays from the file
+    assert [(s.horizon, s.iterations) for s in cfg.stages] == [(4, 2)]
 
 
 def test_missing_file_is_clear(tmp_path):
