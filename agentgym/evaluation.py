@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -42,54 +41,15 @@ from agentgym.config import EnvSpec, PipelineConfig
 from agentgym.engines.base import InferenceEngine
 from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
 from agentgym.types import Episode
+from env_adapters import task_category as env_task_category
 
 OVERALL = "overall"
 
-#: minigrid module of each BabyAI level class -> category name (AgentGym-RL's level families).
-BABYAI_FAMILIES: dict[str, str] = {
-    "goto": "GoTo", "open": "Open", "pickup": "Pickup", "putnext": "PutNext",
-    "unlock": "Unlock", "synth": "Synth", "other": "Other",
-}
-#: AgentGym level number (``data_idx % 40 + 1``) -> family. Levels 1-11 GoTo, 12-16 Open,
-#: 17-21 Pickup, 22-23 PutNext, 24-29 Unlock, 30-34 Other, 35-40 Synth/Boss.
-BABYAI_LEVEL_FAMILY: dict[int, str] = {
-    **{i: "GoTo" for i in range(1, 12)},
-    **{i: "Open" for i in range(12, 17)},
-    **{i: "Pickup" for i in range(17, 22)},
-    **{i: "PutNext" for i in range(22, 24)},
-    **{i: "Unlock" for i in range(24, 30)},
-    **{i: "Other" for i in range(30, 35)},
-    **{i: "Synth" for i in range(35, 41)},
-}
-
-
 # -- categories ----------------------------------------------------------------------------------
-def babyai_category(task_id: int) -> str:
-    """Level family of BabyAI ``data_idx`` (see the module docstring)."""
-    from env_adapters.babyai import NUM_LEVELS
-
-    return BABYAI_LEVEL_FAMILY[int(task_id) % NUM_LEVELS + 1]
-
-
-@lru_cache(maxsize=4096)
-def textcraft_category(task_id: int) -> str:
-    """``depth-<d>``: the minimum recipe depth of TextCraft ``data_idx``'s goal."""
-    from env_adapters.textcraft import goal_for
-
-    return f"depth-{goal_for(int(task_id))[1]}"
-
-
 def task_category(env: str, task_id: int, env_kwargs: Mapping[str, Any] | None = None) -> str:
-    """The AgentGym-RL category of a task. A remote (``http``) environment is categorised by its
-    ``env_name`` keyword argument (e.g. ``babyai``), like the in-process one."""
-    name = env
-    if env == "http" and env_kwargs and env_kwargs.get("env_name"):
-        name = str(env_kwargs["env_name"]).lower()
-    if name == "babyai":
-        return babyai_category(task_id)
-    if name == "textcraft":
-        return textcraft_category(task_id)
-    return env if env != "http" else name
+    """The AgentGym-RL category of a task, as its adapter names it (``TextEnv.task_category``);
+    a remote (``http``) environment is categorised by its ``env_name`` like the in-process one."""
+    return env_task_category(env, task_id, env_kwargs)
 
 
 # -- estimators ----------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""`agentgym` command line: train, prepare models, serve environments."""
+"""`agentgym` command line: train, prepare models, serve and check environments, inspect configs.
+
+`python -m agentgym_cli.cli` is the same as the `agentgym` console script."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import time
@@ -13,6 +14,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentgym_cli.common import console, quiet_env
+from agentgym_cli.eval_cmd import eval_app
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentGym-RL on Prefect.")
 models_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
 env_app = typer.Typer(no_args_is_help=True, help="Run environments.")
@@ -20,47 +24,7 @@ config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 app.add_typer(models_app, name="models")
 app.add_typer(env_app, name="env")
 app.add_typer(config_app, name="config")
-from agentgym.cli_eval import eval_app  # noqa: E402  (a sub-app in its own module)
-
 app.add_typer(eval_app, name="eval")
-console = Console(stderr=True)
-
-# Quiet, local-by-default Prefect: a temporary server (SQLite) when none is configured.
-PREFECT_DEFAULTS = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_LOGGING_LOG_PRINTS": "false",
-}
-
-
-def _quiet_env() -> None:
-    for k, v in PREFECT_DEFAULTS.items():
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
-    import logging
-
-    for name in ("DeepSpeed", "deepspeed", "httpx", "alembic", "mlflow", "mlflow.store.db.utils"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
 
 
 @app.command()
@@ -70,7 +34,7 @@ def train(
     run_id: Optional[str] = typer.Option(None, help="Run id; reuse one to resume it."),
 ) -> None:
     """Run the ScalingInter-RL pipeline as a Prefect flow, with a progress bar and a summary."""
-    _quiet_env()
+    quiet_env()
     from agentgym.config import ConfigError, load_config
 
     try:
@@ -223,6 +187,36 @@ def env_serve(name: str = typer.Argument(..., help="Environment adapter name, e.
         console.print(f"--port {port}: give a TCP port between 1 and 65535", style="red", markup=False)
         raise typer.Exit(2)
     serve(name, host=host, port=port, max_envs=max_envs)
+
+
+@env_app.command("check")
+def env_check(name: str = typer.Argument(..., help="Adapter name (babyai) or import path (my_pkg.envs:MyEnv)."),
+              task: list[int] = typer.Option([0, 1, 2], "--task", help="Task id to check (repeat it)."),
+              horizon: int = typer.Option(5, help="Scripted steps per run."),
+              kwargs: str = typer.Option("{}", help="Adapter keyword arguments as YAML/JSON, e.g. '{step_limit: 3}'."),
+              truncate_at: Optional[int] = typer.Option(None, help="The step at which the adapter's own move "
+                                                         "limit truncates (none: it must never truncate).")) -> None:
+    """Run the conformance checker (env_adapters/checker.py) on an adapter: yours before a config uses it."""
+    import yaml
+
+    from env_adapters import is_known
+    from env_adapters.checker import check_adapter
+
+    if not is_known(name):
+        console.print(f"unknown environment {name!r}; give a registered name or an import path "
+                      "(package.module:Class)", style="red", markup=False)
+        raise typer.Exit(2)
+    env_kwargs = yaml.safe_load(kwargs) or {}
+    if not isinstance(env_kwargs, dict):
+        console.print(f"--kwargs {kwargs!r} must be a mapping", style="red", markup=False)
+        raise typer.Exit(2)
+    try:
+        report = check_adapter(name, task, horizon=horizon, kwargs=env_kwargs, truncate_at=truncate_at)
+    except Exception as e:  # noqa: BLE001 - an assertion names the violation; anything else the adapter raised
+        console.print(f"{name}: FAILED: {type(e).__name__}: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    print(f"{name}: ok ({report['steps']} steps over tasks {list(task)}, {report['ms_per_step']:.2f} ms/step, "
+          f"{report['ms_per_reset']:.2f} ms/reset, longest observation {report['max_obs_chars']} chars)")
 
 
 if __name__ == "__main__":

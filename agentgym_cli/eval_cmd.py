@@ -1,6 +1,6 @@
 """`agentgym eval ...`: evaluate a policy, show the registered model and its champion.
 
-Registered in ``agentgym/cli.py`` with ``app.add_typer(eval_app, name="eval")``:
+Registered in ``agentgym_cli/cli.py`` with ``app.add_typer(eval_app, name="eval")``:
 
     agentgym eval run models:/agentgym-policy@champion -c configs/babyai.yaml --k 4
     agentgym eval run ./exported-folder -c configs/quickstart.yaml --set envs.0.eval_tasks=[80,81]
@@ -15,6 +15,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from agentgym_cli.common import console, quiet_env
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate policies; inspect the model registry.")
 
@@ -35,14 +37,11 @@ def eval_run(
     seed: int = typer.Option(0, help="Evaluation seed (0: AgentGym's own task instances)."),
 ) -> None:
     """Evaluate MODEL on every environment's eval_tasks: Avg@k / Pass@k per env and category."""
-    from agentgym.cli import _quiet_env, console
-
-    _quiet_env()
+    quiet_env()
     from agentgym.config import ConfigError, load_config
-    from agentgym.config import with_overrides  # --set with list indices (envs.0.eval_tasks=...)
 
     try:
-        cfg = with_overrides(load_config(config), set_)
+        cfg = load_config(config, set_)  # the one override path, as `agentgym train --set`
     except ConfigError as e:
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
@@ -72,9 +71,7 @@ def eval_champion(
     tracking_uri: str = typer.Option("sqlite:///mlflow.db", help="MLflow tracking (and registry) URI."),
 ) -> None:
     """List the versions of a registered model: aliases, retrain decision and scores."""
-    from agentgym.cli import _quiet_env, console
-
-    _quiet_env()
+    quiet_env()
     from agentgym.registry import ModelRegistry
 
     reg = ModelRegistry(tracking_uri)

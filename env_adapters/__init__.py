@@ -25,18 +25,32 @@ def is_known(name: str) -> bool:
     return name in ADAPTERS or ":" in name
 
 
-def make_env(name: str, **kwargs: Any) -> TextEnv:
-    """Instantiate the adapter registered as ``name`` (or at the import path ``name``) with its
-    keyword arguments."""
+def adapter_class(name: str) -> type[TextEnv]:
+    """The adapter class registered as ``name`` (or at the import path ``name``)."""
     if not is_known(name):
         raise ValueError(
             f"unknown environment {name!r}; choose one of {sorted(ADAPTERS)} "
             "or give your adapter's import path, package.module:Class"
         )
-    target = ADAPTERS.get(name, name)
-    module_name, cls_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(**kwargs)
+    module_name, cls_name = ADAPTERS.get(name, name).split(":")
+    return getattr(importlib.import_module(module_name), cls_name)
 
 
-__all__ = ["ADAPTERS", "InfraError", "StepResult", "TextEnv", "format_error", "is_known", "make_env"]
+def make_env(name: str, **kwargs: Any) -> TextEnv:
+    """Instantiate the adapter registered as ``name`` (or at the import path ``name``) with its
+    keyword arguments."""
+    return adapter_class(name)(**kwargs)
+
+
+def task_category(name: str, task_id: int, kwargs: dict[str, Any] | None = None) -> str:
+    """The category of ``task_id`` in environment ``name`` (its adapter's ``task_category``).
+    A remote ``http`` environment is categorised by its ``env_name`` keyword argument, through
+    the local adapter of that name when there is one."""
+    if name == "http":
+        remote = str((kwargs or {}).get("env_name") or "http").lower()
+        return adapter_class(remote).task_category(task_id) if remote in ADAPTERS else remote
+    return adapter_class(name).task_category(task_id)
+
+
+__all__ = ["ADAPTERS", "InfraError", "StepResult", "TextEnv", "adapter_class", "format_error", "is_known",
+           "make_env", "task_category"]

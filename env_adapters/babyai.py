@@ -85,6 +85,23 @@ LEVELS: dict[int, str] = {
 }
 NUM_LEVELS = len(LEVELS)
 
+#: minigrid module of each BabyAI level class -> category name (AgentGym-RL's level families).
+BABYAI_FAMILIES: dict[str, str] = {
+    "goto": "GoTo", "open": "Open", "pickup": "Pickup", "putnext": "PutNext",
+    "unlock": "Unlock", "synth": "Synth", "other": "Other",
+}
+#: AgentGym level number (``data_idx % 40 + 1``) -> family. Levels 1-11 GoTo, 12-16 Open,
+#: 17-21 Pickup, 22-23 PutNext, 24-29 Unlock, 30-34 Other, 35-40 Synth/Boss.
+BABYAI_LEVEL_FAMILY: dict[int, str] = {
+    **{i: "GoTo" for i in range(1, 12)},
+    **{i: "Open" for i in range(12, 17)},
+    **{i: "Pickup" for i in range(17, 22)},
+    **{i: "PutNext" for i in range(22, 24)},
+    **{i: "Unlock" for i in range(24, 30)},
+    **{i: "Other" for i in range(30, 35)},
+    **{i: "Synth" for i in range(35, 41)},
+}
+
 #: ``reset(task, seed=s)`` uses minigrid seed ``task // 40 + s * SEED_STRIDE``.
 SEED_STRIDE = 1_000_000
 
@@ -150,6 +167,11 @@ class BabyAIEnv(TextEnv):
     """One BabyAI episode at a time, rendered and stepped the AgentGym way."""
 
     name = "babyai"
+
+    @classmethod
+    def task_category(cls, task_id: int) -> str:
+        """The level family of ``data_idx`` (AgentGym-RL's BabyAI table is per family)."""
+        return BABYAI_LEVEL_FAMILY[int(task_id) % NUM_LEVELS + 1]
 
     def __init__(self, max_reply_chars: int = MAX_REPLY_CHARS) -> None:
         self.max_reply_chars = max_reply_chars

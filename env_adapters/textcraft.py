@@ -203,6 +203,11 @@ class TextCraftEnv(TextEnv):
 
     name = "textcraft"
 
+    @classmethod
+    def task_category(cls, task_id: int) -> str:
+        """``depth-<d>``: the minimum recipe depth of ``data_idx``'s goal."""
+        return f"depth-{goal_for(int(task_id))[1]}"
+
     def __init__(self, max_reply_chars: int = MAX_REPLY_CHARS) -> None:
         self.max_reply_chars = max_reply_chars
         self._r = recipes()

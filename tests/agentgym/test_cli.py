@@ -35,7 +35,7 @@ def _default_sigint() -> None:
 @pytest.mark.parametrize("launcher, sig, exit_codes", [
     # the installed console script; Ctrl+C: uvicorn shuts down and the command exits 0
     ("script", signal.SIGINT, {0}),
-    # python -m agentgym.cli; SIGTERM: uvicorn shuts down gracefully, then re-raises the signal
+    # python -m agentgym_cli.cli; SIGTERM: uvicorn shuts down gracefully, then re-raises the signal
     # with its default action (as uvicorn does since 0.29), so -SIGTERM (or 0) is clean
     ("module", signal.SIGTERM, {0, -signal.SIGTERM}),
 ])
@@ -46,7 +46,7 @@ def test_env_serve_runs_an_episode_and_exits_cleanly(tmp_path, launcher, sig, ex
         assert script.exists(), f"no `agentgym` console script next to {sys.executable}"
         cmd = [str(script)]
     else:
-        cmd = [sys.executable, "-m", "agentgym.cli"]
+        cmd = [sys.executable, "-m", "agentgym_cli.cli"]
     cmd += ["env", "serve", "keyword", "--port", str(port), "--max-envs", "3"]
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "serve.log"

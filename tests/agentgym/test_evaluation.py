@@ -14,8 +14,8 @@ from agentgym.chat import ChatFormatter
 from agentgym.config import parse_config
 from agentgym.engines.base import Sample
 from agentgym.engines.hf import HFEngine
+from env_adapters.babyai import BABYAI_FAMILIES
 from agentgym.evaluation import (
-    BABYAI_FAMILIES,
     OVERALL,
     EvalReport,
     TaskResult,

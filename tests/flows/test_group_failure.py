@@ -36,7 +36,7 @@ def _config(tmp: Path, model_cache: str) -> Path:
 
 
 def _train(cfg: Path, tmp: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "-c", str(cfg)],
+    return subprocess.Popen([sys.executable, "-m", "agentgym_cli.cli", "train", "-c", str(cfg)],
                             cwd=tmp, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, text=True)
 
@@ -46,7 +46,7 @@ def _ranks(pid: int) -> list[psutil.Process]:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p for p in kids if "agentgym.distributed" in " ".join(_cmdline(p))]
+    return [p for p in kids if "agentgym.group_worker" in " ".join(_cmdline(p))]
 
 
 def _cmdline(p: psutil.Process) -> list[str]:

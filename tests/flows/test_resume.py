@@ -41,7 +41,7 @@ def _config(tmp: Path, model_cache: str) -> Path:
 
 def _train(cfg: Path, tmp: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "-c", str(cfg)],
+    return subprocess.Popen([sys.executable, "-m", "agentgym_cli.cli", "train", "-c", str(cfg)],
                             cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True)
 
