@@ -3,7 +3,7 @@
 Shaped like Gymnasium's ``reset``/``step``: the horizon cap is ``truncated`` (the rollout
 loop owns it), ``terminated`` means the task itself ended (solved or failed for good).
 
-Contract (checked by ``tests/env_adapters/conformance.py`` for every adapter):
+Contract (checked by ``env_adapters.checker.check_env`` for every adapter):
 
 * ``reset(task_id, seed)`` returns ``(observation, info)``; the same ``(task_id, seed)`` gives
   the same observation.
@@ -54,6 +54,13 @@ class TextEnv(abc.ABC):
     def system_prompt(self) -> str:
         """Instructions shown once at the start of the conversation."""
         return ""
+
+    @classmethod
+    def task_category(cls, task_id: int) -> str:
+        """The category held-out results are reported under for ``task_id`` (AgentGym-RL's
+        per-category tables); one category, the environment's name, unless an adapter knows
+        better. A classmethod: evaluation names categories without starting an environment."""
+        return cls.name
 
     def valid_actions(self) -> list[str] | None:
         """The currently valid actions when the environment can list them (for baselines)."""

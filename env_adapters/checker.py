@@ -1,5 +1,15 @@
-"""The conformance check every ``TextEnv`` adapter must pass (in the spirit of gymnasium's
-``utils/env_checker.py``): call :func:`check_env` from a test with a factory and a few task ids.
+"""The conformance check every ``TextEnv`` adapter must pass, yours included (in the spirit of
+gymnasium's ``utils/env_checker.py``). Public API:
+
+* :func:`check_env(make, task_ids, ...) <check_env>` -- ``make`` builds a fresh adapter (an
+  in-process one, or an ``HTTPEnv`` client of a server); raises ``AssertionError`` naming the
+  first violation, returns a small timing report;
+* :func:`check_adapter(name, ...) <check_adapter>` -- the same for an adapter given by its
+  registered name or import path (``package.module:Class``), as a config names it; this is what
+  ``agentgym env check NAME`` runs.
+
+The suite runs it over every registered adapter, in-process (tests/env_adapters/
+test_conformance.py) and through the HTTP server and client (test_conformance_http.py).
 
 What it checks, for every task id:
 
@@ -166,6 +176,10 @@ def check_env(
     a, b = make(), make()
     try:
         assert isinstance(a.system_prompt(), str), "system_prompt() must return str"
+        for task_id in task_ids:  # evaluation reports per category: one str per task id
+            category = a.task_category(task_id)
+            assert isinstance(category, str) and category, (
+                f"task_category({task_id}) must be a non-empty str, got {category!r}")
         assert isinstance(getattr(a, "name", None), str) and a.name != "base", "set a name"
         for task_id in task_ids:
             for seed in seeds:
@@ -214,3 +228,14 @@ def check_env(
     report["ms_per_step"] = 1000 * report["step_s"] / max(report["steps"], 1)
     report["ms_per_reset"] = 1000 * report["reset_s"] / max(report["resets"], 1)
     return report
+
+
+def check_adapter(name: str, task_ids: list[int] | None = None, horizon: int = 5,
+                  kwargs: dict[str, Any] | None = None, truncate_at: int | None = None,
+                  check_resources: bool = True) -> dict[str, Any]:
+    """``check_env`` over the adapter registered as ``name`` or at the import path ``name``
+    (``package.module:Class``), built with ``kwargs``; task ids 0, 1, 2 unless given."""
+    from env_adapters import make_env
+
+    return check_env(lambda: make_env(name, **(kwargs or {})), list(task_ids or [0, 1, 2]),
+                     horizon=horizon, truncate_at=truncate_at, check_resources=check_resources)

@@ -1,4 +1,4 @@
-"""Every in-process adapter passes the conformance suite (tests/env_adapters/conformance.py).
+"""Every in-process adapter passes the conformance suite (env_adapters/checker.py).
 
 Every adapter's package is a required dependency (pyproject.toml), so a missing one is a
 failure here, never a skip.
@@ -7,19 +7,11 @@ failure here, never a skip.
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parents[1]), str(_HERE)):  # repo root (env_adapters) and this folder
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from conformance import check_env  # noqa: E402
-
-from env_adapters import ADAPTERS, make_env  # noqa: E402
+from env_adapters import ADAPTERS, make_env
+from env_adapters.checker import check_env
 
 CASES = {
     # BabyAI: GoToRedBallGrey, GoToObjS6 (-v1), Open, Pickup, and level 1 with minigrid seed 1

@@ -14,10 +14,10 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
-from conformance import check_env  # noqa: E402
 from serving import ServerThread  # noqa: E402
 from test_conformance import CASES, HORIZON, env_kwargs, truncate_at  # noqa: E402
 
+from env_adapters.checker import check_env  # noqa: E402
 from env_adapters.http_client import HTTPEnv  # noqa: E402
 from env_adapters.http_server import create_app  # noqa: E402
 

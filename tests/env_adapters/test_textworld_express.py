@@ -41,8 +41,7 @@ def env():
 def test_conformance():
     """check_env directly: test_conformance.py's CASES entry ("textworld") is skipped there while
     its module probe looks for ``env_adapters.textworld`` (the module is textworld_express)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from conformance import check_env
+    from env_adapters.checker import check_env
 
     report = check_env(lambda: make_env("textworld"), [0, 1, 2], horizon=5)
     print(f"textworld: {report['steps']} steps, {report['ms_per_step']:.2f} ms/step (incl. "
