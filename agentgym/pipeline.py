@@ -26,7 +26,8 @@ from agentgym.engines import create_engine
 from agentgym.models import resolve_model
 from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
 from agentgym.store import TrajectoryStore
-from agentgym.training import CRITIC_DIR, PolicyTrainer, TrainBatch, create_trainer
+from agentgym.trainer import Trainer, create_trainer
+from agentgym.training import CRITIC_DIR, TrainBatch
 from agentgym.types import Episode
 from env_adapters import make_env
 
@@ -129,7 +130,7 @@ class PolicySession:
         self.engine, self.tokenizer = create_engine(cfg.rollout.engine, self.weights, cfg.model.dtype)
         self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
-        self._trainer: PolicyTrainer | None = None
+        self._trainer: Trainer | None = None
         self.policy_version = 0
         # (stage, iteration) -> {episode_id: critic values}: computed in the advantages step (GAE
         # needs them) and reused by that iteration's update as the value clip's reference. A
@@ -142,7 +143,7 @@ class PolicySession:
         return self._trainer is not None
 
     @property
-    def trainer(self) -> PolicyTrainer:
+    def trainer(self) -> Trainer:
         if self._trainer is None:  # built on first update: evaluation-only sessions skip it
             self._trainer = create_trainer(
                 self.weights, self.tokenizer, self.cfg.trainer, self.cfg.algorithm,
@@ -334,12 +335,10 @@ class PolicySession:
                 r["old_values"] = None
         t0 = time.perf_counter()
         seed = self.cfg.seed * 7919 + ref.global_step
-        if hasattr(self.trainer, "train_from_store"):
-            # a resident group: its ranks read the batch from the store, not from this process
-            self.store.write_train_batch(rows, stage=ref.stage, iteration=ref.iteration)
-            metrics = self.trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
-        else:
-            metrics = self.trainer.train_on_batch(TrainBatch.from_rows(rows, self.trainer.pad_id), seed=seed)
+        # One batch path at every world size: the exact rows go to the store's train_batch table
+        # and the trainer (or each of a group's ranks) reads them back from there.
+        self.store.write_train_batch(rows, stage=ref.stage, iteration=ref.iteration)
+        metrics = self.trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
         self.engine.update_weights(self.trainer.named_weights())
         self.policy_version += 1
         return {"updated": True, "update_seconds": time.perf_counter() - t0,

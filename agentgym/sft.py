@@ -20,7 +20,8 @@ from transformers import PreTrainedTokenizerBase
 
 from agentgym.config import PipelineConfig, TrainerConfig
 from agentgym.demos import demos_dataset_id
-from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
+from agentgym.trainer import Trainer, create_trainer
+from agentgym.training import TrainBatch
 from agentgym.types import Episode
 
 #: the demonstrations' partitions in their dataset (stage 0): training and held-out sets
@@ -77,7 +78,7 @@ class SFTState:
 
 
 def build_trainer(cfg: PipelineConfig, weights: str | Path, tokenizer: PreTrainedTokenizerBase,
-                  total_steps: int) -> PolicyTrainer:
+                  total_steps: int) -> Trainer:
     """A trainer over ``weights`` with the SFT settings (no KL reference, no critic)."""
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0, "kl_in_reward": False, "critic":
                                             cfg.algorithm.critic.model_copy(update={"model": "none"}),
@@ -87,7 +88,7 @@ def build_trainer(cfg: PipelineConfig, weights: str | Path, tokenizer: PreTraine
                           temperature=1.0, seed=cfg.sft.seed)
 
 
-def train_epoch(trainer: PolicyTrainer, demos: list[Episode], cfg: PipelineConfig, epoch: int,
+def train_epoch(trainer: Trainer, demos: list[Episode], cfg: PipelineConfig, epoch: int,
                 first_step: int, on_step: Callable[[int, dict[str, Any]], None] | None = None) -> int:
     """One pass over ``demos``: an optimizer step per chunk of ``epoch_order``; ``on_step(step,
     metrics)`` after each (``sft_loss``, ``token_accuracy``, ``lr``, ``grad_norm``...). Returns

@@ -2,7 +2,7 @@
 
 World size 1 runs in the caller's process (the Prefect flow's); world size N > 1 runs as a
 resident group of N ranks (``agentgym.distributed.ResidentGroup``), each rank holding a
-``PolicyTrainer`` over the same code path. The update honours ``ppo_epochs`` and
+``PolicyTrainer`` over the same code path. Both implement ``agentgym.trainer.Trainer``. The update honours ``ppo_epochs`` and
 ``mini_batches`` (``ppo_epochs * mini_batches`` optimizer steps per batch: the original
 AgentGym-RL ignored ``ppo_epochs``), micro-batches inside a mini-batch are accumulated with
 DeepSpeed's manual accumulation boundary (gradient accumulation; the learning-rate schedule
@@ -31,9 +31,7 @@ import contextlib
 import json
 import logging
 import math
-import os
 import random
-import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,6 +43,8 @@ from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerBas
 from agentgym import algorithms as A
 from agentgym.hardware import resolve_bf16
 from agentgym.config import AlgorithmConfig, TrainerConfig
+from agentgym.dist_env import init_single_process_dist
+from agentgym.store import TrajectoryStore
 
 CHECKPOINT_TAG = "ds"  # DeepSpeed's tag (subfolder) inside a checkpoint folder
 CRITIC_DIR = "critic"  # the critic's subfolder in exports and trainer checkpoints
@@ -129,47 +129,6 @@ class TrainBatch:
         if width == self.input_ids.shape[1]:
             return self
         return TrainBatch(**{k: t[:, :width] for k, t in self.tensors().items()})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_single_process_dist() -> None:
-    """DeepSpeed wants a process group even for one rank; set one up on loopback.
-
-    A launcher (torchrun, deepspeed) sets MASTER_ADDR/PORT and the ranks; alone, a free port is
-    chosen for this process only: MASTER_PORT is removed again after the group exists, or every
-    child process (a Prefect worker's flow runs, torchrun's ranks) would inherit the same port
-    and fail to bind it. RANK/LOCAL_RANK/WORLD_SIZE stay: DeepSpeed reads LOCAL_RANK later.
-    """
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    own_port = "MASTER_PORT" not in os.environ
-    if own_port and not torch.distributed.is_initialized():
-        os.environ["MASTER_PORT"] = str(_free_port())
-    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(k, v)
-    import importlib
-
-    import deepspeed
-
-    # (`deepspeed.comm.torch` as an attribute is the torch package itself: import the module.)
-    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
-    if not torch.cuda.is_available():
-        # DeepSpeed's CPU shared-memory comm op serves only ``inference_all_reduce`` (tensor-
-        # parallel inference); training collectives (all-reduce, reduce-scatter, all-gather of
-        # ZeRO) go through gloo whether it is built or not. So skip its ~90 s first-time C++
-        # compile at every world size: it would cost each fresh machine (and rank) a compiler
-        # run and buy training nothing.
-        ds_torch_comm.build_shm_op = lambda: None
-    try:
-        if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
-    finally:
-        if own_port:
-            os.environ.pop("MASTER_PORT", None)
 
 
 def seed_everything(seed: int) -> None:
@@ -269,7 +228,7 @@ def _policy_forward(
     out[:, 1:][target_mask] = lp
     ent = None
     if with_entropy:
-        ent_tok = -(logp_all.exp() * logp_all).sum(-1)
+        ent_tok = A.entropy_from_logits(logits)
         ent = torch.zeros_like(out)
         ent[:, 1:][target_mask] = ent_tok
     correct = None
@@ -325,7 +284,7 @@ def _new_value_head(hidden_size: int) -> torch.nn.Linear:
     return head
 
 
-def _read_critic_folder(model_path: str | Path, mode: str) -> Path | None:
+def read_critic_folder(model_path: str | Path, mode: str) -> Path | None:
     """The ``critic/`` folder an export wrote beside the policy, if it holds a ``mode`` critic."""
     folder = Path(model_path) / CRITIC_DIR
     meta_file = folder / "critic.json"
@@ -403,7 +362,7 @@ class PolicyTrainer:
         head = None
         if self.critic_mode == "shared":
             head = _new_value_head(model.config.hidden_size)
-            saved = _read_critic_folder(model_path, "shared")
+            saved = read_critic_folder(model_path, "shared")
             if saved is not None:
                 _load_value_head(head, saved)
             groups.append({"params": list(head.parameters()), "lr": algorithm.critic.learning_rate,
@@ -435,7 +394,7 @@ class PolicyTrainer:
         import deepspeed
 
         cc = self.algo.critic
-        saved = _read_critic_folder(model_path, "separate")
+        saved = read_critic_folder(model_path, "separate")
         trunk = AutoModel.from_pretrained(saved or model_path, dtype=torch.float32, local_files_only=True)
         trunk.config.use_cache = False
         if self.cfg.gradient_checkpointing:
@@ -717,7 +676,7 @@ class PolicyTrainer:
             clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
             dual_clip=self.algo.dual_clip, **agg,
         )
-        metrics = {"policy_loss": float(loss.detach()), **m}
+        metrics = dict(m)  # policy_loss (the clipped objective), clipfrac, approx_kl, ratio_mean ...
         ent_term = A.aggregate_loss(ent, mb.loss_mask, self.algo.loss_agg, norm_length=norm_length)
         metrics["entropy"] = float(ent_term.detach())
         if self.algo.entropy_coef:
@@ -792,6 +751,13 @@ class PolicyTrainer:
         if mode == "seq-mean-token-sum":
             return len(mb) / len(mini)
         return 1.0  # seq-mean-token-sum-norm is a sum over rows with a fixed divisor
+
+    def train_from_store(self, store: dict[str, Any], stage: int, iteration: int,
+                         seed: int = 0) -> dict[str, float]:
+        """Train on the iteration's committed ``train_batch`` table of the trajectory store
+        (``TrajectoryStore.spec()``): the pipeline's one batch path, at every world size."""
+        rows = TrajectoryStore(**store).read_train_rows(stage, iteration)
+        return self.train_on_batch(TrainBatch.from_rows(rows, self.pad_id), seed=seed)
 
     def train_on_batch(self, batch: TrainBatch, seed: int = 0, objective: str = "ppo",
                        epochs: int | None = None, mini_batches: int | None = None) -> dict[str, float]:
@@ -894,20 +860,3 @@ class PolicyTrainer:
         out["optimizer_steps"] = float(steps)
         out.update(pre)
         return out
-
-
-def create_trainer(
-    model_path: str | Path,
-    tokenizer: PreTrainedTokenizerBase,
-    trainer: TrainerConfig,
-    algorithm: AlgorithmConfig,
-    temperature: float = 1.0,
-    seed: int = 0,
-):
-    """The trainer for ``trainer.world_size``: a ``PolicyTrainer`` in this process at 1, a
-    ``ResidentGroup`` of N ranks (same interface) above."""
-    if trainer.world_size > 1:
-        from agentgym.distributed import ResidentGroup
-
-        return ResidentGroup(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)
-    return PolicyTrainer(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)

@@ -16,10 +16,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
-from agentgym.distributed import GroupError, ResidentGroup, _exit_codes, _hostfile_slots, _root_cause
+from agentgym.distributed import GroupError, ResidentGroup
+from agentgym.group_launcher import exit_codes, hostfile_slots, launcher_cmd, root_cause
 from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.store import TrajectoryStore
-from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
+from agentgym.trainer import Trainer, create_trainer
+from agentgym.training import PolicyTrainer, TrainBatch
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,13 +63,13 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage):
     batch = _batch(512, n=7, seed=0)
     group = create_trainer(tiny_path, tok, *_cfgs(stage, 2), seed=0)
     try:
-        assert isinstance(group, ResidentGroup) and group.pad_id == tok.pad_token_id
+        assert isinstance(group, ResidentGroup) and isinstance(group, Trainer) and group.pad_id == tok.pad_token_id
         if stage == 2:  # the pipeline's path: every rank reads the batch from the trajectory store
             store = TrajectoryStore(str(tmp_path / "store"), "dist")
             store.write_train_batch(_rows(512, n=7, seed=0), stage=0, iteration=0)
             got = group.train_from_store(store.spec(), 0, 0, seed=5)
             assert group.batch_bytes_sent == 0
-        else:  # the batch over the driver's socket
+        else:  # the batch over the driver's connections
             got = group.train_on_batch(batch, seed=5)
             assert group.batch_bytes_sent > 0
         digests = group.weight_digests()
@@ -172,17 +174,16 @@ def test_dead_rank_is_a_clear_error_and_restart_resumes_from_the_checkpoint(tmp_
 def test_launch_helpers(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# hosts\nnode-a slots=2\nnode-b slots=2  # second\n")
-    assert _hostfile_slots(str(hostfile)) == 4
+    assert hostfile_slots(str(hostfile)) == 4
     report = ("[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 11)\n"
               "Root Cause (first observed failure):\n[0]:\n  host      : h\n"
               "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 12)\n")
-    assert _exit_codes(report) == {0: -15, 1: -9} and _root_cause(report) == 1
+    assert exit_codes(report) == {0: -15, 1: -9} and root_cause(report) == 1
     with pytest.raises(ValueError, match="slots"):
         ResidentGroup("unused", type("T", (), {"pad_token_id": 0})(),
                       TrainerConfig(world_size=2, hostfile=str(hostfile)), AlgorithmConfig())
     cfg = TrainerConfig(world_size=4, hostfile=str(hostfile), master_addr="10.0.0.1")
-    group = ResidentGroup.__new__(ResidentGroup)
-    group.cfg, group.world_size, group.run_dir, group._attempt = cfg, 4, Path(tmp_path), 1
-    cmd = group._launcher_cmd(5000, 5001, "tok")
+    cmd = launcher_cmd(cfg, 4, ("10.0.0.1", 5000), 5001, Path(tmp_path))
     assert "--hostfile" in cmd and "--no_local_rank" in cmd and "--module" in cmd
-    assert cmd[cmd.index("--module") + 1] == "agentgym.distributed" and "10.0.0.1:5000" in cmd
+    assert cmd[cmd.index("--module") + 1] == "agentgym.group_worker" and "10.0.0.1:5000" in cmd
+    assert not any("key" in c.lower() or "token" in c.lower() for c in cmd)  # the authkey goes by env

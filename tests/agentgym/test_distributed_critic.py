@@ -11,7 +11,8 @@ from transformers import AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.distributed import ResidentGroup
-from agentgym.training import PolicyTrainer, TrainBatch, create_trainer
+from agentgym.trainer import create_trainer
+from agentgym.training import PolicyTrainer, TrainBatch
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -463,3 +463,28 @@ def test_kl_in_reward_takes_kl_out_of_the_loss(tiny_path):
         _trainer(tiny_path, micro_batch_size=4).compute(batch, ["ref_logprobs"])
     with pytest.raises(ValueError, match="critic"):
         in_loss.compute(batch, ["values"])
+
+
+def test_the_in_process_trainer_reads_its_batch_from_the_store(tmp_path, tiny_path):
+    """World size 1 takes the store path too (``train_from_store``, the Trainer protocol's batch
+    path): the same update as the batch given in memory."""
+    from agentgym.store import TrajectoryStore
+    from agentgym.trainer import Trainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    rows = [{"episode_id": f"e{i}", "input_ids": list(range(6, 18 + i)), "loss_mask": [0] * 4 + [1] * (8 + i),
+             "old_logprobs": [0.0] * 4 + [-3.0] * (8 + i), "advantages": [0.0] * 4 + [1.0 - i] * (8 + i)}
+            for i in range(3)]
+    store = TrajectoryStore(str(tmp_path / "store"), "ws1")
+    store.write_train_batch(rows, stage=0, iteration=0)
+    got = {}
+    for how in ("store", "memory"):
+        tr = _trainer(tiny_path)
+        assert isinstance(tr, Trainer)
+        if how == "store":
+            m = tr.train_from_store(store.spec(), 0, 0, seed=3)
+        else:
+            m = tr.train_on_batch(TrainBatch.from_rows(rows, tok.pad_token_id), seed=3)
+        got[how] = (m["loss"], {k: v.clone() for k, v in tr.named_weights()})
+    assert got["store"][0] == got["memory"][0]
+    assert all(torch.equal(got["store"][1][k], got["memory"][1][k]) for k in got["memory"][1])

@@ -1,0 +1,110 @@
+"""Starting the resident group's ranks and reading what happened to them.
+
+``torchrun`` on this host, or with a hostfile the ``deepspeed`` launcher over pdsh/ssh. After a
+failure the launcher's own report is the source of truth: it names each rank's exit code and,
+for torchrun, the rank that failed first (the others it ended itself).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from agentgym.config import TrainerConfig
+
+WORKER_MODULE = "agentgym.group_worker"
+# what the deepspeed launcher must export on every host (pdsh/ssh drops the environment)
+DS_ENV_KEYS = ("PYTHONPATH", "OMP_NUM_THREADS", "AGENTGYM_THREADS", "DS_ACCELERATOR", "TOKENIZERS_PARALLELISM")
+
+
+def hostfile_slots(path: str) -> int:
+    """Total ``slots=N`` of a DeepSpeed hostfile (one ``host slots=N`` per line)."""
+    total = 0
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.search(r"slots\s*=\s*(\d+)", line)
+        if not m:
+            raise ValueError(f"hostfile {path}: line {line!r} has no slots=N")
+        total += int(m.group(1))
+    return total
+
+
+def launcher_cmd(cfg: TrainerConfig, world_size: int, driver: tuple[str, int], master_port: int,
+                 log_dir: Path) -> list[str]:
+    """The command that starts ``world_size`` ranks of ``WORKER_MODULE``, each told where the
+    driver listens."""
+    worker = ["-m", WORKER_MODULE, "--driver", f"{driver[0]}:{driver[1]}", "--log-dir", str(log_dir)]
+    if cfg.hostfile is None:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+                f"--nproc-per-node={world_size}", f"--master-addr={cfg.master_addr}",
+                f"--master-port={master_port}", "--max-restarts=0", "--monitor-interval=0.2", *worker]
+    launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
+    return [launcher, "--hostfile", cfg.hostfile, "--master_addr", cfg.master_addr,
+            "--master_port", str(master_port), "--no_local_rank", "--module", *worker[1:]]
+
+
+def write_ds_env_file(run_dir: Path, env: dict[str, str], secret_keys: tuple[str, ...] = ()) -> Path:
+    """The ``DS_ENV_FILE`` the deepspeed launcher exports on every host (owner-readable only:
+    it may hold the group's key)."""
+    path = run_dir / "deepspeed_env"
+    keys = DS_ENV_KEYS + secret_keys
+    path.write_text("".join(f"{k}={env[k]}\n" for k in keys if k in env))
+    path.chmod(0o600)
+    return path.resolve()
+
+
+def exit_codes(launcher_log: str) -> dict[int, int]:
+    """Per-rank exit codes from the launcher's failure report (torchrun's summary, or
+    DeepSpeed's launch.py), as far as it gives them."""
+    codes: dict[int, int] = {}
+    for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_log):
+        codes[int(m.group(1))] = int(m.group(2))
+    return codes
+
+
+def root_cause(launcher_log: str) -> int | None:
+    """The rank torchrun names as the first observed failure (the others it ended itself)."""
+    if "Root Cause" not in launcher_log:
+        return None
+    m = re.search(r"rank\s*:\s*(\d+)", launcher_log.split("Root Cause", 1)[1])
+    return int(m.group(1)) if m else None
+
+
+def describe_code(code: int | None) -> str:
+    if code is None:
+        return "exit code unknown"
+    if code < 0:
+        try:
+            return f"exit code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"exit code {code}"
+    return f"exit code {code}"
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """End the launcher and its ranks: it leads its own session, so they share its group."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
