@@ -10,7 +10,7 @@ Layout used everywhere in this module
   0 everywhere else (prompt, environment observations, padding). "Policy tokens" below means
   positions where ``loss_mask == 1``; "masked tokens" means the others.
 * ``token_rewards`` ``(B, T)`` float. Rewards are normally non-zero only at policy tokens (use
-  :func:`place_outcome_reward` / :func:`place_turn_rewards` to put them there). The sequence
+  :func:`place_outcome_reward` / :func:`place_rewards_on_turn_ends` to put them there). The sequence
   estimators (REINFORCE++, GAE) credit a reward found at a masked token to the nearest
   PRECEDING policy token (the action that caused it), undiscounted; a reward before the first
   policy token of a row has no action to credit and is ignored by them.  GRPO/RLOO use the
@@ -34,7 +34,6 @@ Conventions (documented where used)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,7 +43,6 @@ from agentgym.config import Estimator
 
 __all__ = [
     "place_outcome_reward",
-    "place_turn_rewards",
     "grpo_advantages",
     "rloo_advantages",
     "reinforce_pp_advantages",
@@ -207,55 +205,6 @@ def place_outcome_reward(rewards: Tensor, loss_mask: Tensor) -> Tensor:
     rows = torch.arange(B, device=loss_mask.device)
     out[rows[has], last[has]] = rewards.to(dtype)[has]
     return out
-
-
-def place_turn_rewards(
-    turn_rewards: Sequence[Sequence[float]],
-    turn_end_index: Sequence[Sequence[int]],
-    shape: tuple[int, int] | torch.Size,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """Place per-turn rewards on a ``(B,T)`` token grid.
-
-    ``turn_rewards[b][k]`` is the reward of turn k of episode b, ``turn_end_index[b][k]`` the
-    index (0 <= i < T) of that turn's LAST POLICY token (the caller knows the layout; use the
-    last policy token so the reward is never masked). ``shape`` = (B, T). Rewards that share an
-    index are summed. Returns ``(B,T)`` of ``dtype``, 0 elsewhere.
-    """
-    B, T = int(shape[0]), int(shape[1])
-    if len(turn_rewards) != B or len(turn_end_index) != B:
-        raise ValueError(
-            f"turn_rewards ({len(turn_rewards)} rows) and turn_end_index ({len(turn_end_index)} rows) "
-            f"must both have B={B} rows, one list per episode"
-        )
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    for b, (rs, ix) in enumerate(zip(turn_rewards, turn_end_index)):
-        if len(rs) != len(ix):
-            raise ValueError(f"row {b}: {len(rs)} turn rewards but {len(ix)} turn end indices; give one index per turn")
-        for r, i in zip(rs, ix):
-            i = int(i)
-            if not 0 <= i < T:
-                raise ValueError(f"row {b}: turn end index {i} is outside [0, {T}); indices must be absolute positions")
-            rows.append(b)
-            cols.append(i)
-            vals.append(float(r))
-    out = torch.zeros(B, T, dtype=dtype, device=device)
-    if vals:
-        out.index_put_(
-            (torch.tensor(rows, device=out.device), torch.tensor(cols, device=out.device)),
-            torch.tensor(vals, dtype=dtype, device=out.device),
-            accumulate=True,
-        )
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# advantage estimators
-# --------------------------------------------------------------------------------------------
 
 
 def tied_groups(rewards: Tensor, group_ids: Any) -> Tensor:
@@ -815,7 +764,7 @@ def policy_loss(
     Metrics (Python floats, means over policy tokens): ``clipfrac_high`` (A > 0 and r > 1 +
     clip_high: clipped branch taken), ``clipfrac_low`` (A < 0 and r < 1 - clip_low),
     ``clipfrac`` (either; = low + high), ``dual_clipfrac`` (dual clip active), ``approx_kl``
-    (mean 0.5 (lp - old)^2), ``ratio_mean``, ``pg_loss``.
+    (mean 0.5 (lp - old)^2), ``ratio_mean``, ``policy_loss`` (the returned loss).
     """
     _check_2d("loss_mask", loss_mask)
     for name, t in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", advantages)):
@@ -849,7 +798,7 @@ def policy_loss(
             ),
             "approx_kl": float(masked_mean(0.5 * log_ratio_raw.square(), m)),
             "ratio_mean": float(masked_mean(ratio, m)),
-            "pg_loss": float(loss),
+            "policy_loss": float(loss),
         }
     return loss, metrics
 

@@ -25,19 +25,21 @@ from agentgym.config import PipelineConfig, with_overrides
 from agentgym.schedule import position, stage_start, total_steps
 from agentgym.tracking import Tracker
 from tasks.rl import collect_rollouts, compute_advantages, restore_policy, save_checkpoint, update_policy
-from tasks.evaluation import evaluate_checkpoint
+from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
 from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison
 from tasks.runtime import drop_session
 from flows.sft import sft_flow
 
-ITERATION_METRICS = (
-    "reward_mean", "success_rate", "turns_per_episode", "format_error_rate", "gen_tokens_per_s",
-    "rollout_seconds", "infra_error_episodes", "tied_groups", "adv_mean", "adv_std",
-    "policy_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high", "approx_kl",
-    "grad_norm", "update_seconds", "optimizer_steps", "skipped_episodes",
-    "vf_loss", "vf_clipfrac", "explained_variance", "value_mean", "return_mean", "critic_grad_norm",
-    "old_logprob_abs_diff", "sampling_draws", "informative_groups",
-)
+# What a step's manifest holds besides its metrics: where its data went, not a measurement.
+MANIFEST_KEYS = frozenset({"rows", "digest", "reused", "updated"})
+
+
+def iteration_metrics(*manifests: dict[str, Any]) -> dict[str, float]:
+    """Every number the iteration's steps returned, under the step's own name (no allow-list: a
+    metric a step adds reaches MLflow without an edit here). Each quantity has one name; a name
+    two steps share (``kl``: in the rewards or in the loss, never both) is the later step's."""
+    return {k: float(v) for m in manifests for k, v in m.items()
+            if k not in MANIFEST_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def new_run_id() -> str:
@@ -90,8 +92,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
             adv = compute_advantages(config, run_id, index, it, gs)
             upd = update_policy(config, run_id, index, it, gs)
-            metrics = {k: v for part in (rollout, adv, upd) for k, v in part.items() if k in ITERATION_METRICS}
-            metrics["horizon"] = horizon
+            metrics = {**iteration_metrics(rollout, adv, upd), "horizon": horizon}
             # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
             # killed attempt may have logged past its checkpoint to one run or both
             tracker.log_trajectory_commit(
@@ -101,8 +102,8 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             # ...and the evaluation it may have run before its checkpoint
             if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
                     and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
-                evaluate_checkpoint(config, run_id=run_id, k=config.tracking.eval_k,
-                                    mlflow_run_id=parent_mlflow_id, step=gs + 1)
+                evaluate_live_run(config, run_id, EvalSettings(k=config.tracking.eval_k),
+                                  EvalSink(mlflow_run_id=parent_mlflow_id, step=gs + 1))
             logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
                         index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
             progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics)

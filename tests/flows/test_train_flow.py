@@ -31,8 +31,10 @@ def run(tmp_path_factory, model_cache):
                   "kwargs": {"target": "aeiou", "mode": "char_share"}},
                  {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "yes"}}],
         "rollout": {"tasks_per_iteration": 4, "group_size": 2, "max_new_tokens": 6},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "algorithm": {"skip_tied_groups": False},  # keep updates happening on a zero-reward task
+        # a warmup + cosine schedule over the run's 8 optimizer steps, so the lr test can see it move
+        "trainer": {"learning_rate": 1e-3, "bf16": False, "lr_schedule": "cosine", "lr_warmup_steps": 2,
+                    "lr_decay_steps": 7, "lr_min_ratio": 0.1},
+        "algorithm": {"skip_tied_groups": False, "mini_batches": 2},  # updates on a zero-reward task too
         "schedule": {"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 3, "iterations": 2}]},
         "store": {"root": str(tmp / "store")},
         "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "flow-test",
@@ -85,7 +87,7 @@ def test_mlflow_runs_metrics_and_checkpoint(run):
     steps = [m.step for m in client.get_metric_history(parent.info.run_id, "reward_mean")]
     assert steps == [0, 1, 2, 3]
     for key in ("success_rate", "turns_per_episode", "format_error_rate", "policy_loss", "entropy",
-                "clipfrac", "grad_norm", "gen_tokens_per_s"):
+                "clipfrac", "grad_norm", "gen_tokens_per_s", "loss", "lr", "ratio_mean", "optimizer_steps"):
         assert client.get_metric_history(parent.info.run_id, key), key
     # the validation loop: held-out tasks every eval_every=2 steps, on the pipeline run
     assert [m.step for m in client.get_metric_history(parent.info.run_id, "eval/seconds")] == [2, 4]
@@ -97,6 +99,24 @@ def test_mlflow_runs_metrics_and_checkpoint(run):
         __import__("agentgym.models", fromlist=["x"]).tiny_model_path(cfg.model.cache_dir))
     changed = any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny.state_dict().values()))
     assert changed, "checkpoint should hold trained (changed) weights"
+
+
+def test_lr_follows_the_schedule_in_mlflow(run):
+    """Every number the update returns reaches MLflow (no allow-list), ``lr`` among them: the
+    logged value of each iteration is the warmup + cosine multiplier of its last optimizer step."""
+    from agentgym.training import lr_lambda
+
+    cfg, result, _, _ = run
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    history = lambda key: [m.value for m in sorted(client.get_metric_history(result["mlflow_run_id"], key),
+                                                   key=lambda m: m.step)]  # noqa: E731
+    steps = history("optimizer_steps")
+    assert steps == [2.0, 2.0, 2.0, 2.0]  # mini_batches=2 per iteration
+    last_step = np.cumsum(steps) - 1  # 0-based index of each iteration's last optimizer step
+    expected = [1e-3 * lr_lambda(cfg.trainer)(int(k)) for k in last_step]
+    assert history("lr") == pytest.approx(expected, rel=1e-6)
+    assert expected[0] < expected[1] and expected[1] > expected[3]  # warmup, then decay: it moved
+    assert not client.get_metric_history(result["mlflow_run_id"], "pg_loss")  # one name per quantity
 
 
 def test_prefect_records_flow_and_stage_subflows(run):

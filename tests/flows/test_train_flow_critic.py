@@ -12,13 +12,13 @@ from agentgym.config import parse_config
 
 CRITIC_METRICS = ("vf_loss", "vf_clipfrac", "explained_variance", "value_mean", "return_mean",
                   "critic_grad_norm", "old_logprob_abs_diff", "policy_loss", "entropy", "clipfrac_low",
-                  "clipfrac_high", "approx_kl", "grad_norm", "adv_mean", "adv_std")
+                  "clipfrac_high", "approx_kl", "grad_norm", "adv_mean", "adv_std", "vpred_mean", "ratio_mean",
+                  "loss", "lr")
 
 
 def test_gae_flow_logs_critic_metrics_and_checkpoints_the_critic(tmp_path, model_cache):
-    from flows.train import ITERATION_METRICS, scaling_inter_rl
+    from flows.train import scaling_inter_rl
 
-    assert set(CRITIC_METRICS) <= set(ITERATION_METRICS)
     cfg = parse_config({
         "run_id": "flow-gae", "seed": 1,
         "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
@@ -39,8 +39,8 @@ def test_gae_flow_logs_critic_metrics_and_checkpoints_the_critic(tmp_path, model
     local = Path(result["stages"][-1]["checkpoint"].replace("file://", ""))
     AutoModelForCausalLM.from_pretrained(local)  # the policy folder stays loadable
     assert {"critic.json", "value_head.safetensors", "model.safetensors"} <= {f.name for f in (local / "critic").iterdir()}
-    from agentgym.training import _read_critic_folder
+    from agentgym.training import read_critic_folder
 
-    assert _read_critic_folder(local, "separate") == local / "critic"
+    assert read_critic_folder(local, "separate") == local / "critic"
     head = __import__("safetensors.torch", fromlist=["x"]).load_file(str(local / "critic" / "value_head.safetensors"))
     assert head["weight"].abs().sum() > 0 and torch.isfinite(head["weight"]).all()  # a trained head
