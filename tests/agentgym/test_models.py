@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agentgym import models as M
+from agentgym.chat import ChatFormatter
 
 MESSAGES = [
     {"role": "system", "content": "You are an agent."},
@@ -147,8 +148,9 @@ def test_end_of_turn_ids(tiny_chatml, tiny_llama3):
     _, llama3 = M.load_model(tiny_llama3, dtype="float32")
     im_end = chatml.convert_tokens_to_ids("<|im_end|>")
     eot = llama3.convert_tokens_to_ids("<|eot_id|>")
-    assert M.end_of_turn_ids(chatml) == [im_end] == [chatml.eos_token_id]
-    assert M.end_of_turn_ids(llama3) == [eot] == [llama3.eos_token_id]
+    # the rollout stops a reply on ChatFormatter.end_of_turn_ids (the one implementation)
+    assert ChatFormatter(chatml).end_of_turn_ids == [im_end] == [chatml.eos_token_id]
+    assert ChatFormatter(llama3).end_of_turn_ids == [eot] == [llama3.eos_token_id]
     assert im_end != eot
     # the generation config stops at the end of a turn too
     for path, want in ((tiny_chatml, im_end), (tiny_llama3, eot)):
@@ -204,7 +206,7 @@ def test_publish_keeps_the_first_folder_when_two_builders_race(tmp_path):
         tmp = tmp_path / f".tmp-{i}"
         tmp.mkdir()
         (tmp / "config.json").write_text(f'{{"builder": {i}}}')
-        assert M._publish(tmp, final) == final
+        assert M.publish(tmp, final) == final
         assert not tmp.exists()
     assert (final / "config.json").read_text() == '{"builder": 0}'
 
@@ -276,7 +278,7 @@ def test_prepare_smollm2(tmp_path, record_property, capsys):
     assert 130e6 < n_params < 140e6
     assert model.dtype == torch.bfloat16 and tok.padding_side == "left"
     assert tok.eos_token == "<|im_end|>"
-    assert M.end_of_turn_ids(tok) == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert ChatFormatter(tok).end_of_turn_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
     assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     # SmolLM2's own tokenizer (GPT-2 style BPE; "Hello world" is [19556, 905] in SmolLM2's vocab)
     assert tok("Hello world")["input_ids"] == [19556, 905]
