@@ -41,7 +41,3 @@ def position(stages: list[StageSpec], global_step: int) -> StagePosition:
             return StagePosition(i, spec.horizon, global_step - start, global_step)
         start += spec.iterations
     raise ValueError(f"global_step {global_step} is past the schedule ({start} steps)")
-
-
-def horizon_at(stages: list[StageSpec], global_step: int) -> int:
-    return position(stages, global_step).horizon

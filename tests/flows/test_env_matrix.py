@@ -23,7 +23,9 @@ def _session(tmp_path, model_cache, envs, run):
         "envs": envs,
         "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 12,
                     "response_prefix": "Action:", "max_context_tokens": 4096},
-        "algorithm": {"skip_tied_groups": False},
+        # an entropy bonus: a gradient even when every reward ties (a random model scores 0 on
+        # most environments), so the update visibly trains on the environment's tokens
+        "algorithm": {"skip_tied_groups": False, "entropy_coef": 0.01},
         "trainer": {"learning_rate": 1e-3, "bf16": False},
         "schedule": {"stages": [{"horizon": 2, "iterations": 1}]},
         "store": {"root": str(tmp_path / "store")},
@@ -39,11 +41,26 @@ def _iterate(session) -> dict:
     return out
 
 
+def _trained_on_the_episodes(session) -> None:
+    """The update's batch (the store's train_batch table) is exactly this iteration's episodes,
+    token for token: the environment's conversations, not some other data, were trained on."""
+    eps = {e.episode_id: e for e in session.store.read_episodes(0, 0)}
+    rows = session.store.read_train_rows(0, 0)
+    assert sorted(r["episode_id"] for r in rows) == sorted(eps)
+    for r in rows:
+        e = eps[r["episode_id"]]
+        assert list(r["input_ids"]) == list(e.input_ids) and list(r["loss_mask"]) == list(e.loss_mask)
+
+
 @pytest.mark.parametrize("env", sorted(ENVS))
 def test_each_environment_by_one_config_line(tmp_path, model_cache, env):
-    out = _iterate(_session(tmp_path, model_cache, [{"name": env, "tasks": ENVS[env]}], f"matrix-{env}"))
-    assert out["episodes"] == 4 and out["infra_error_episodes"] == 0
-    assert out["turns_per_episode"] >= 1 and out["updated"]
+    session = _session(tmp_path, model_cache, [{"name": env, "tasks": ENVS[env]}], f"matrix-{env}")
+    out = _iterate(session)
+    assert out["episodes"] == 4 and out["infra_error_episodes"] == 0 and out["turns_per_episode"] >= 1
+    assert set(session.store.read_table("episodes")["env"]) == {env}
+    _trained_on_the_episodes(session)
+    # an optimizer step on a real gradient was taken and its weights reached the rollout engine
+    assert out["optimizer_steps"] >= 1 and out["grad_norm"] > 0 and out["changed"]
 
 
 def test_mixed_environment_batch_trains(tmp_path, model_cache):
@@ -55,4 +72,5 @@ def test_mixed_environment_batch_trains(tmp_path, model_cache):
     out = _iterate(session)
     eps = session.store.read_table("episodes")
     assert set(eps["env"]) == {"babyai", "textcraft", "keyword"}
-    assert out["updated"] and out["changed"]
+    _trained_on_the_episodes(session)
+    assert out["changed"] and out["grad_norm"] > 0  # the char_share rewards give a real gradient
