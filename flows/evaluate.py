@@ -1,7 +1,7 @@
 """Flow ``evaluate-policy``: score a checkpoint on every environment's held-out tasks.
 
     evaluate-policy(config, model, k=4, greedy_too=True)
-      └─ evaluate_checkpoint  (Avg@k / Pass@k sampled, greedy@1)  -> MLflow run + Prefect table
+      └─ evaluate_model  (Avg@k / Pass@k sampled, greedy@1)  -> MLflow run + Prefect table
 
 ``model`` is a local HF folder, a checkpoint artifact URI (what ``scaling-inter-rl`` returns in
 ``stages[-1].checkpoint``), ``models:/<name>@<alias>`` / ``models:/<name>/<version>``, or a model
@@ -16,10 +16,9 @@ from typing import Any
 
 from prefect import flow
 
-from agentgym.config import PipelineConfig
+from agentgym.config import PipelineConfig, with_overrides
 from agentgym.tracking import TAG_KIND, Tracker
-from agentgym.config import with_overrides
-from tasks.evaluation import evaluate_checkpoint
+from tasks.evaluation import EvalSettings, EvalSink, evaluate_model
 
 
 @flow(name="evaluate-policy", log_prints=True)
@@ -46,8 +45,8 @@ def evaluate_policy(
                      "eval_tasks": {e.name: e.eval_tasks for e in config.envs}}.items():
         tracker.client.log_param(mlflow_run_id, key, str(val)[:6000])
     try:
-        result = evaluate_checkpoint(config, model=model, k=k, greedy_too=greedy_too, seed=seed,
-                                     mlflow_run_id=mlflow_run_id, step=0, label=f"policy-{model}")
+        result = evaluate_model(config, model, EvalSettings(k=k, greedy_too=greedy_too, seed=seed),
+                                EvalSink(mlflow_run_id=mlflow_run_id, label=f"policy-{model}"))
     except BaseException:
         tracker.client.set_terminated(mlflow_run_id, "FAILED")
         raise

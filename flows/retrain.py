@@ -3,7 +3,7 @@
     retrain(config, registered_model="agentgym-policy", margin=0.0)
       ├─ champion = models:/<registered_model>@champion (if any) -> its HF folder, the start weights
       ├─ scaling-inter-rl(config with a new run id)          (subflow: stages, fresh rollouts)
-      ├─ evaluate_checkpoint(challenger), evaluate_checkpoint(champion)
+      ├─ evaluate_model(challenger), evaluate_model(champion)
       │     same config, same held-out tasks, same seed: the same task instances for both
       ├─ register the challenger's final checkpoint as a new model version
       └─ move the ``champion`` alias iff challenger >= champion + margin (first run: always)
@@ -31,7 +31,7 @@ from agentgym.registry import CHAMPION, ModelRegistry, decide, materialize
 from agentgym.tracking import TAG_KIND, Tracker
 from agentgym.config import with_overrides
 from flows.train import new_run_id, scaling_inter_rl
-from tasks.evaluation import artifact_key, evaluate_checkpoint
+from tasks.evaluation import EvalSettings, EvalSink, artifact_key, evaluate_model
 
 
 def _fmt(x: float | None) -> str:
@@ -85,13 +85,13 @@ def retrain(
         trained = scaling_inter_rl(train_cfg)
         last = trained["stages"][-1]
         challenger_uri = last["checkpoint"]
-        common = dict(k=k, seed=eval_seed, mlflow_run_id=rid, step=0, greedy_too=False, publish=False)
-        chal = evaluate_checkpoint(config, model=challenger_uri, prefix="challenger",
-                                   label=f"{train_id}-challenger", **common)
+        same = EvalSettings(k=k, seed=eval_seed)  # both on the same held-out tasks and seed
+        chal = evaluate_model(config, challenger_uri, same, EvalSink(
+            mlflow_run_id=rid, prefix="challenger", publish=False, label=f"{train_id}-challenger"))
         champ = None
         if champion_path is not None:
-            champ = evaluate_checkpoint(config, model=str(champion_path), prefix="champion",
-                                        label=f"{train_id}-champion-v{cv}", **common)
+            champ = evaluate_model(config, str(champion_path), same, EvalSink(
+                mlflow_run_id=rid, prefix="champion", publish=False, label=f"{train_id}-champion-v{cv}"))
         decision = decide(chal["score"], champ["score"] if champ else None, margin)
         version = registry.register(
             registered_model, source=challenger_uri, run_id=last["mlflow_run_id"],

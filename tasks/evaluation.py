@@ -1,13 +1,14 @@
-"""Prefect task: evaluate a policy on the held-out tasks, log the scores, publish a table.
+"""Prefect tasks: evaluate a policy on the held-out tasks, log the scores, publish a table.
 
-Two ways to name the policy:
+One task per way to name the policy:
 
-* ``run_id`` of a live training run (no ``model``): the run's in-memory session is evaluated
-  -- its current weights, no reload (what the training flow does every ``eval_every`` steps);
-* ``model``: a model reference for :func:`agentgym.registry.materialize` -- a local HF folder, a
-  checkpoint artifact URI, ``models:/agentgym-policy@champion``, ``tiny``...
+* ``evaluate_live_run(config, run_id)``: the in-memory session of a live training run -- its
+  current weights, no reload (what the training flow does every ``eval_every`` steps);
+* ``evaluate_model(config, model)``: a model reference for :func:`agentgym.registry.materialize`
+  -- a local HF folder, a checkpoint artifact URI, ``models:/agentgym-policy@champion``, ``tiny``...
 
-Returns a small JSON-able dict: the score, the flat metrics and each report as a dict.
+Both take ``EvalSettings`` (how to evaluate) and ``EvalSink`` (where the scores go) and return
+a small JSON-able dict: the score, the flat metrics and each report as a dict.
 """
 
 from __future__ import annotations
@@ -15,15 +16,46 @@ from __future__ import annotations
 import math
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
+from agentgym.engines import create_engine
+from agentgym.engines.base import InferenceEngine
 from agentgym.evaluation import EvalReport, eval_targets, evaluate
+from agentgym.registry import materialize
 from agentgym.tracking import Tracker
+from tasks.runtime import get_session
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How to evaluate: ``k`` samples per task (Avg@k / Pass@k), plus greedy decoding when
+    ``greedy_too``; ``tasks_by_env`` / ``horizon`` replace the config's eval_tasks / last
+    stage's horizon when given."""
+
+    k: int = 4
+    greedy_too: bool = False
+    seed: int = 0
+    tasks_by_env: dict[str, list[int]] | None = None
+    horizon: int | None = None
+
+
+@dataclass(frozen=True)
+class EvalSink:
+    """Where the scores go: MLflow run ``mlflow_run_id`` (if given) as ``{prefix}/<env>/<category>/...``
+    at ``step``, and a Prefect table artifact when ``publish`` (its key from ``label``)."""
+
+    mlflow_run_id: str | None = None
+    step: int = 0
+    prefix: str = "eval"
+    publish: bool = True
+    label: str | None = None
 
 
 def artifact_key(*parts: Any) -> str:
@@ -55,82 +87,77 @@ def merged_table(reports: list[EvalReport]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-@task(name="evaluate_checkpoint", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def evaluate_checkpoint(
-    config: PipelineConfig,
-    model: str | None = None,
-    run_id: str | None = None,
-    k: int = 4,
-    greedy_too: bool = False,
-    seed: int = 0,
-    mlflow_run_id: str | None = None,
-    step: int | None = None,
-    prefix: str = "eval",
-    publish: bool = True,
-    label: str | None = None,
-    tasks_by_env: dict[str, list[int]] | None = None,
-    horizon: int | None = None,
-) -> dict[str, Any]:
-    """Evaluate a policy (``model`` or the live session of ``run_id``) on every env's
-    ``eval_tasks``: Avg@k/Pass@k sampled, plus greedy when ``greedy_too``.
+def _reports(engine: InferenceEngine, formatter: ChatFormatter, config: PipelineConfig,
+             settings: EvalSettings) -> list[EvalReport]:
+    s = settings
+    reports = [evaluate(engine, formatter, config, s.tasks_by_env, k=s.k, horizon=s.horizon, greedy=False,
+                        seed=s.seed)]
+    if s.greedy_too:
+        reports.append(evaluate(engine, formatter, config, s.tasks_by_env, k=1, horizon=s.horizon, greedy=True,
+                                seed=s.seed))
+    return reports
 
-    Metrics go to MLflow run ``mlflow_run_id`` (if given) as ``{prefix}/<env>/<category>/...``
-    at ``step``; a Prefect table artifact is published when ``publish``.
-    """
-    logger = get_run_logger()
-    if (model is None) == (run_id is None):
-        raise ValueError("evaluate_checkpoint needs exactly one of model= (a checkpoint) or run_id= (a live run)")
-    if not eval_targets(config, tasks_by_env):
-        logger.warning("no environment has eval_tasks: nothing to evaluate")
-        return {"model": model, "run_id": run_id, "local_path": None, "score": float("nan"),
-                "greedy_score": None, "metrics": {}, "seconds": 0.0, "sampled": None, "greedy": None}
-    t0 = time.perf_counter()
-    owned = None
-    local_path = None
-    if run_id is not None:
-        from tasks.runtime import get_session
 
-        session = get_session(config, run_id)
-        engine, formatter = session.engine, session.formatter
-    else:
-        from agentgym.chat import ChatFormatter
-        from agentgym.engines import create_engine
-        from agentgym.registry import materialize
-
-        local_path = materialize(model, config.tracking.tracking_uri, config.model.cache_dir)
-        engine, tokenizer = create_engine(config.rollout.engine, local_path, config.model.dtype)
-        formatter = ChatFormatter(tokenizer, config.rollout.response_prefix)
-        owned = engine
-    try:
-        reports = [evaluate(engine, formatter, config, tasks_by_env, k=k, horizon=horizon,
-                            greedy=False, seed=seed)]
-        if greedy_too:
-            reports.append(evaluate(engine, formatter, config, tasks_by_env, k=1, horizon=horizon,
-                                    greedy=True, seed=seed))
-    finally:
-        if owned is not None:
-            owned.close()
+def _record(config: PipelineConfig, reports: list[EvalReport], sink: EvalSink, what: str,
+            default_label: str, seconds: float) -> dict[str, Any]:
+    """Log the reports' metrics and publish their table as ``sink`` says; the result's core."""
     metrics: dict[str, float] = {}
     for rep in reports:
-        metrics.update(rep.metrics(prefix))
-    seconds = time.perf_counter() - t0
-    metrics[f"{prefix}/seconds"] = seconds
-    if mlflow_run_id:
+        metrics.update(rep.metrics(sink.prefix))
+    metrics[f"{sink.prefix}/seconds"] = seconds
+    if sink.mlflow_run_id:
         Tracker(config.tracking.tracking_uri, config.tracking.experiment).log_metrics(
-            mlflow_run_id, metrics, step=step or 0)
-    what = label or model or f"run {run_id}"
-    if publish:
-        create_table_artifact(
-            table=merged_table(reports),
-            key=artifact_key("eval", label or (run_id and f"{run_id}-step-{step}") or model),
-            description=report_markdown(f"Evaluation of {what}", reports),
-        )
+            sink.mlflow_run_id, metrics, step=sink.step)
+    if sink.publish:
+        create_table_artifact(table=merged_table(reports), key=artifact_key("eval", sink.label or default_label),
+                              description=report_markdown(f"Evaluation of {what}", reports))
     score = reports[0].score
-    logger.info("evaluation of %s: score %s (%.1f s)", what,
-                f"{score:.4f}" if math.isfinite(score) else "nan", seconds)
-    return {
-        "model": model, "run_id": run_id, "local_path": str(local_path) if local_path else None,
-        "score": score, "greedy_score": reports[1].score if greedy_too else None,
-        "metrics": metrics, "seconds": seconds,
-        "sampled": reports[0].to_dict(), "greedy": reports[1].to_dict() if greedy_too else None,
-    }
+    get_run_logger().info("evaluation of %s: score %s (%.1f s)", what,
+                          f"{score:.4f}" if math.isfinite(score) else "nan", seconds)
+    return {"score": score, "greedy_score": reports[1].score if len(reports) > 1 else None,
+            "metrics": metrics, "seconds": seconds, "sampled": reports[0].to_dict(),
+            "greedy": reports[1].to_dict() if len(reports) > 1 else None}
+
+
+def _nothing_to_evaluate(config: PipelineConfig, settings: EvalSettings) -> dict[str, Any] | None:
+    if eval_targets(config, settings.tasks_by_env):
+        return None
+    get_run_logger().warning("no environment has eval_tasks: nothing to evaluate")
+    return {"score": float("nan"), "greedy_score": None, "metrics": {}, "seconds": 0.0,
+            "sampled": None, "greedy": None}
+
+
+@task(name="evaluate_model", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def evaluate_model(config: PipelineConfig, model: str, settings: EvalSettings = EvalSettings(),  # noqa: B008
+                   sink: EvalSink = EvalSink()) -> dict[str, Any]:  # noqa: B008
+    """Load ``model`` (folder, checkpoint URI, ``models:/name@alias``, a model name) into its own
+    engine and evaluate it on every env's ``eval_tasks``."""
+    out = {"model": model, "run_id": None, "local_path": None}
+    empty = _nothing_to_evaluate(config, settings)
+    if empty is not None:
+        return {**out, **empty}
+    t0 = time.perf_counter()
+    local_path = materialize(model, config.tracking.tracking_uri, config.model.cache_dir)
+    engine, tokenizer = create_engine(config.rollout.engine, local_path, config.model.dtype)
+    try:
+        reports = _reports(engine, ChatFormatter(tokenizer, config.rollout.response_prefix), config, settings)
+    finally:
+        engine.close()
+    return {**out, "local_path": str(local_path),
+            **_record(config, reports, sink, sink.label or model, model, time.perf_counter() - t0)}
+
+
+@task(name="evaluate_live_run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def evaluate_live_run(config: PipelineConfig, run_id: str, settings: EvalSettings = EvalSettings(),  # noqa: B008
+                      sink: EvalSink = EvalSink()) -> dict[str, Any]:  # noqa: B008
+    """Evaluate the current policy of live training run ``run_id`` in place (its session's
+    engine: nothing is reloaded)."""
+    out = {"model": None, "run_id": run_id, "local_path": None}
+    empty = _nothing_to_evaluate(config, settings)
+    if empty is not None:
+        return {**out, **empty}
+    t0 = time.perf_counter()
+    session = get_session(config, run_id)
+    reports = _reports(session.engine, session.formatter, config, settings)
+    return {**out, **_record(config, reports, sink, sink.label or f"run {run_id}",
+                             f"{run_id}-step-{sink.step}", time.perf_counter() - t0)}

@@ -1,4 +1,4 @@
-"""Flow ``evaluate-policy`` and task ``evaluate_checkpoint`` on a temporary Prefect server, real MLflow."""
+"""Flow ``evaluate-policy`` and tasks ``evaluate_model`` / ``evaluate_live_run`` on a temporary Prefect server, real MLflow."""
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -76,14 +76,15 @@ def test_evaluate_policy_on_a_registered_model(registered):
 
 def test_same_seed_same_scores_for_folder_and_uri(registered, tiny_path):
     """A checkpoint URI and the folder it came from are the same policy: identical reports."""
-    from tasks.evaluation import evaluate_checkpoint
+    from tasks.evaluation import EvalSettings, EvalSink, evaluate_model
 
     cfg, ckpt = registered
+    same, quiet = EvalSettings(k=2, seed=4), EvalSink(publish=False)
 
     @flow
     def both():
-        a = evaluate_checkpoint(cfg, model=ckpt, k=2, seed=4, publish=False)
-        b = evaluate_checkpoint(cfg, model=str(tiny_path), k=2, seed=4, publish=False)
+        a = evaluate_model(cfg, ckpt, same, quiet)
+        b = evaluate_model(cfg, str(tiny_path), same, quiet)
         return a, b
 
     a, b = both()
@@ -91,9 +92,9 @@ def test_same_seed_same_scores_for_folder_and_uri(registered, tiny_path):
     assert a["local_path"] != b["local_path"]
 
 
-def test_evaluate_checkpoint_on_a_live_training_session(registered):
+def test_evaluate_live_run_on_a_live_training_session(registered):
     """What the training flow calls every ``eval_every`` steps: its session, metrics at the step."""
-    from tasks.evaluation import evaluate_checkpoint
+    from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
     from tasks.runtime import drop_session, get_session
 
     cfg, _ = registered
@@ -104,7 +105,7 @@ def test_evaluate_checkpoint_on_a_live_training_session(registered):
     def training_like():
         session = get_session(cfg, "live-run", create=True)
         try:
-            out = evaluate_checkpoint(cfg, run_id="live-run", k=1, mlflow_run_id=run, step=3)
+            out = evaluate_live_run(cfg, "live-run", EvalSettings(k=1), EvalSink(mlflow_run_id=run, step=3))
             assert get_session(cfg, "live-run") is session  # evaluated in place, nothing reloaded
             return out
         finally:
@@ -128,7 +129,7 @@ def test_cli_eval_run_and_champion(registered, tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from agentgym.cli_eval import eval_app
+    from agentgym_cli.eval_cmd import eval_app
 
     cfg, _ = registered
     path = tmp_path / "eval.yaml"
@@ -146,13 +147,13 @@ def test_cli_eval_run_and_champion(registered, tmp_path):
 
 
 def test_evaluating_a_run_with_no_live_session_says_how_to_resume(registered):
-    from tasks.evaluation import evaluate_checkpoint
+    from tasks.evaluation import EvalSettings, evaluate_live_run
 
     cfg, _ = registered
 
     @flow
     def orphan():
-        return evaluate_checkpoint(cfg, run_id="never-started", k=1)
+        return evaluate_live_run(cfg, "never-started", EvalSettings(k=1))
 
     with pytest.raises(RuntimeError, match="no live policy session for run 'never-started'.*same run id"):
         orphan()
