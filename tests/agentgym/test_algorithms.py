@@ -25,7 +25,6 @@ from agentgym.algorithms import (
     masked_whiten,
     place_outcome_reward,
     place_rewards_on_turn_ends,
-    place_turn_rewards,
     policy_loss,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -295,17 +294,6 @@ def test_place_outcome_reward():
     torch.testing.assert_close(out, expected)
     with pytest.raises(ValueError):
         place_outcome_reward(torch.tensor([1.0]), mask)
-
-
-def test_place_turn_rewards():
-    out = place_turn_rewards([[0.5, 1.0], [], [2.0, 3.0]], [[2, 5], [], [1, 1]], (3, 6), dtype=F64)
-    expected = torch.zeros(3, 6, dtype=F64)
-    expected[0, 2], expected[0, 5], expected[2, 1] = 0.5, 1.0, 5.0  # same index: summed
-    torch.testing.assert_close(out, expected)
-    with pytest.raises(ValueError, match="outside"):
-        place_turn_rewards([[1.0]], [[6]], (1, 6))
-    with pytest.raises(ValueError, match="one index per turn"):
-        place_turn_rewards([[1.0, 2.0]], [[1]], (1, 6))
 
 
 def test_tied_groups():
@@ -832,9 +820,10 @@ def test_turn_index_and_turn_helpers_closed_form():
     ends = place_rewards_on_turn_ends(tr, tm, m)
     assert ends.tolist()[0] == [0, 0, 0.1, 0, 0, 0.2, 0, 0, 0, 0.3, 0]
     assert ends.tolist()[1] == [0, 0, 0, 0, 0.5] + [0] * 6
-    # the same, through place_turn_rewards with explicit end indices
-    explicit = place_turn_rewards([[0.1, 0.2, 0.3], [0.5]], [[2, 5, 9], [4]], (2, 11), dtype=F64)
-    torch.testing.assert_close(ends[:2], explicit)
+    # the same, placed by hand at each turn's last policy token (indices 2, 5, 9 and 4)
+    explicit = torch.zeros(2, 11, dtype=F64)
+    explicit[0, 2], explicit[0, 5], explicit[0, 9], explicit[1, 4] = 0.1, 0.2, 0.3, 0.5
+    torch.testing.assert_close(ends[:2].to(F64), explicit)
     with pytest.raises(ValueError, match="row 0: 3 runs of policy tokens .* but 2 turns"):
         broadcast_turns(tr, torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]]), m)
     # no turns at all: zero columns are fine
