@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from env_adapters import ADAPTERS, is_known  # the name table only; adapters load on first use
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -77,8 +79,6 @@ class EnvSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_env(cls, v: str) -> str:
-        from env_adapters import ADAPTERS, is_known  # the name table only; adapters load on first use
-
         if not is_known(v):
             raise ValueError(f"unknown environment {v!r}; choose one of {sorted(ADAPTERS)}, your "
                              "adapter's import path (package.module:Class), or name: http with kwargs "

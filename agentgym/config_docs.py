@@ -10,7 +10,7 @@ import json
 
 from pydantic import BaseModel
 
-from agentgym.config import PipelineConfig
+from agentgym.config import EnvSpec, PipelineConfig, StageSpec
 
 
 def _default(field) -> str:
@@ -47,8 +47,6 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
 
 
 def config_markdown() -> str:
-    from agentgym.config import EnvSpec, StageSpec
-
     out = ["# Configuration reference", "",
            "Generated from `agentgym/config.py` by `agentgym config docs`; do not edit by hand.",
            "A YAML file (see `configs/`) or a Prefect parameter holds these fields; unknown fields",

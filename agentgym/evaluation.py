@@ -41,6 +41,7 @@ from agentgym.config import EnvSpec, PipelineConfig
 from agentgym.engines.base import InferenceEngine
 from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
 from agentgym.types import Episode
+from env_adapters import make_env as default_make_env
 from env_adapters import task_category as env_task_category
 
 OVERALL = "overall"
@@ -292,10 +293,7 @@ def evaluate(
     play exactly the same task instances. ``horizon`` defaults to the schedule's last (longest)
     horizon. Episodes run in batches of about ``batch_episodes`` (whole tasks per batch).
     """
-    if make_env is None:
-        from env_adapters import make_env as _make_env
-
-        make_env = _make_env
+    make_env = make_env or default_make_env
     if greedy:
         k, n = 1, 1
     n = k if n is None else n

@@ -34,6 +34,8 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from agentgym.models import resolve_model
+
 CHAMPION = "champion"
 TAG_DECISION = "agentgym.decision"
 TAG_SCORE = "agentgym.score"
@@ -75,8 +77,6 @@ def materialize(ref: str, tracking_uri: str, cache_dir: str | os.PathLike = "~/.
         if _is_hf_folder(local):
             return local.resolve()
         if not local.exists():
-            from agentgym.models import resolve_model
-
             return resolve_model(ref, cache_dir)  # a model name, or its helpful error
     uri = ref
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)

@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from env_adapters import make_env
 from env_adapters.base import StepResult, TextEnv
 
 GARBAGE_REPLIES = ["", "\x00\x01", "x" * 5000, "Action:"]
@@ -235,7 +236,5 @@ def check_adapter(name: str, task_ids: list[int] | None = None, horizon: int = 5
                   check_resources: bool = True) -> dict[str, Any]:
     """``check_env`` over the adapter registered as ``name`` or at the import path ``name``
     (``package.module:Class``), built with ``kwargs``; task ids 0, 1, 2 unless given."""
-    from env_adapters import make_env
-
     return check_env(lambda: make_env(name, **(kwargs or {})), list(task_ids or [0, 1, 2]),
                      horizon=horizon, truncate_at=truncate_at, check_resources=check_resources)
