@@ -91,7 +91,6 @@ class ResidentGroup:
         self.cfg, self.algo = trainer, algorithm
         self.world_size = trainer.world_size
         self.start_timeout_s, self.command_timeout_s = start_timeout_s, command_timeout_s
-        self._own_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="agentgym-group-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._init_args = {

@@ -32,7 +32,7 @@ def run(tmp_path_factory, model_cache):
                  {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "yes"}}],
         "rollout": {"tasks_per_iteration": 4, "group_size": 2, "max_new_tokens": 6},
         # a warmup + cosine schedule over the run's 8 optimizer steps, so the lr test can see it move
-        "trainer": {"learning_rate": 1e-3, "bf16": False, "lr_schedule": "cosine", "lr_warmup_steps": 2,
+        "trainer": {"learning_rate": 1e-3, "bf16": False, "lr_schedule": "cosine", "lr_warmup_steps": 3,
                     "lr_decay_steps": 7, "lr_min_ratio": 0.1},
         "algorithm": {"skip_tied_groups": False, "mini_batches": 2},  # updates on a zero-reward task too
         "schedule": {"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 3, "iterations": 2}]},
