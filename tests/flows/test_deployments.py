@@ -27,6 +27,9 @@ DEPLOYMENTS = {f"scaling-inter-rl/{name}" for name in CONFIG_NAMES} | {"retrain/
 def deployed(local_stack, model_cache):
     tmp = local_stack.tmp / "deploy-test"
     cfgs = {name: tiny_config(tmp, model_cache, f"deploy-{name}") for name in CONFIG_NAMES}
+    # the quickstart deployment's config uses the rounds shorthand: test_run_with_overrides
+    # replaces it with schedule.stages through the run's overrides, as `agentgym train --set` does
+    cfgs["quickstart"]["schedule"] = {"rounds": [2], "steps_per_stage": 1}
     for name, cfg in cfgs.items():
         local_stack.write_config(name, cfg)
     t0 = time.perf_counter()
@@ -73,7 +76,8 @@ def test_deploy_creates_every_deployment(deployed):
 def test_run_with_overrides(deployed, record_property):
     stack, cfgs, tmp = deployed
     t0 = datetime.now(timezone.utc)
-    fr_id = stack.run_deployment("scaling-inter-rl/quickstart", 'overrides=["seed=7", "rollout.group_size=3"]')
+    overrides = ["seed=7", "rollout.group_size=3", "schedule.stages=[{horizon: 1, iterations: 1}]"]
+    fr_id = stack.run_deployment("scaling-inter-rl/quickstart", f"overrides={json.dumps(overrides)}")
     cli_s = (datetime.now(timezone.utc) - t0).total_seconds()
     run = stack.wait_flow_run(fr_id, timeout=240)
     assert run.state.is_completed(), f"{run.state}\n{stack.log('worker')}"
@@ -98,6 +102,13 @@ def test_run_with_overrides(deployed, record_property):
     episodes = pd.read_parquet(tmp / "store" / run_id / "episodes")
     assert len(episodes) == 2 * 3 and set(episodes.groupby("group_id").size()) == {3}
     assert (episodes["seed"] == 7).all()
+    assert (episodes["horizon"] == 1).all()  # the stages override replaced the rounds schedule
+    # one override path: the run's config is what `agentgym train -c <that file> --set ...` builds
+    from agentgym.config import load_config
+    from agentgym.tracking import flatten
+
+    want = load_config(stack.configs / "quickstart.yaml", overrides).model_copy(update={"run_id": run_id})
+    assert pipe[0].data.params == flatten(want.model_dump(mode="json"))
 
 
 def test_config_param_replaces_the_whole_config(deployed):
