@@ -60,3 +60,27 @@ def test_plain_makes_replies_loadable():
     import numpy as np
 
     assert plain({1: np.float32(0.5), "l": (np.int64(2), "s")}) == {"1": 0.5, "l": [2, "s"]}
+
+
+def test_a_rank_serves_commands_from_its_table_and_exits_with_its_driver():
+    """group_worker.RankServer over a pipe: a known command is answered, an unknown one comes
+    back as an error reply (the driver then takes the group down), EOF ends the rank."""
+    from multiprocessing import Pipe
+
+    from agentgym.group_worker import RankServer
+
+    driver, rank_end = Pipe()
+    server = RankServer(rank_end, rank=0)
+    assert {"init", "train", "train_from_store", "compute", "weights", "save_checkpoint"} <= set(server.ops)
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("rc", server.serve()), daemon=True)
+    t.start()
+    send(driver, {"op": "ping", "seq": 1})
+    reply = recv(driver)
+    assert reply["ok"] and reply["seq"] == 1 and reply["result"] == {}
+    send(driver, {"op": "no-such-command", "seq": 2})
+    reply = recv(driver)
+    assert not reply["ok"] and "unknown command 'no-such-command'" in reply["error"]
+    driver.close()
+    t.join(timeout=10)
+    assert done == {"rc": 0}
