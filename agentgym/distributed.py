@@ -38,12 +38,10 @@ from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.dist_env import free_port, rank_env
 from agentgym.group_launcher import (
     describe_code,
-    exit_codes,
     hostfile_slots,
     kill_tree,
     launcher_cmd,
-    root_cause,
-    tail,
+    post_mortem,
     write_ds_env_file,
 )
 from agentgym.group_rpc import AUTHKEY_ENV, Connection, RankAcceptor, recv, send, wait
@@ -113,6 +111,7 @@ class ResidentGroup:
         self._error: str | None = None
         self._seq = 0
         self._attempt = 0
+        self._launcher_log = self.log_dir / "launcher.log"
         _LIVE.add(self)
         self._start()
 
@@ -221,29 +220,7 @@ class ResidentGroup:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 kill_tree(proc)
-        launcher_text = tail(self._launcher_log, 400) if hasattr(self, "_launcher_log") else ""
-        codes = exit_codes(launcher_text)
-        root = root_cause(launcher_text)
-        if rank_error is None and root is not None and root != rank:
-            # The launcher ends the surviving ranks after the first failure; we may have noticed
-            # one of those first. Blame the one that failed first.
-            if rank is not None:
-                why = (f"it died first (the launcher's report), then the launcher ended the other "
-                       f"ranks (rank {rank} was noticed first)")
-            rank = root
-        elif rank is None and codes:
-            rank = min(codes)
-        parts = [f"training group failed during '{op}': {why}"]
-        if rank is not None:
-            what = why if rank_error is not None else f"{describe_code(codes.get(rank))}; {why}"
-            parts[0] = f"training rank {rank} of {self.world_size} failed during '{op}': {what}"
-            parts.append(f"--- rank {rank} log ({self.log_dir / f'rank{rank}.log'}), last lines ---\n"
-                         + tail(self.log_dir / f"rank{rank}.log"))
-        if rank_error:
-            parts.append(f"--- rank {rank} error ---\n{rank_error}")
-        parts.append(f"--- launcher log ({self._launcher_log}), last lines ---\n" + tail(self._launcher_log, 15))
-        parts.append("the group is down: call restart() (reloads the last checkpoint) or close()")
-        msg = "\n".join(parts)
+        msg = post_mortem(op, rank, why, rank_error, self.world_size, self.log_dir, self._launcher_log)
         self.close()
         self._error = msg
         raise GroupError(msg)

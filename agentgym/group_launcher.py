@@ -108,3 +108,34 @@ def kill_tree(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def post_mortem(op: str, rank: int | None, why: str, rank_error: str | None, world_size: int,
+                log_dir: Path, launcher_log: Path) -> str:
+    """The ``GroupError`` message: which rank failed during ``op`` and how (exit code), its log
+    tail and its traceback (``rank_error``, when it raised), and the launcher's log tail.
+
+    The launcher ends the surviving ranks after the first failure, so the driver may notice one
+    of those first: the rank the launcher's report names as the root cause is blamed instead.
+    """
+    launcher_text = tail(launcher_log, 400)
+    codes = exit_codes(launcher_text)
+    root = root_cause(launcher_text)
+    if rank_error is None and root is not None and root != rank:
+        if rank is not None:
+            why = (f"it died first (the launcher's report), then the launcher ended the other "
+                   f"ranks (rank {rank} was noticed first)")
+        rank = root
+    elif rank is None and codes:
+        rank = min(codes)
+    parts = [f"training group failed during '{op}': {why}"]
+    if rank is not None:
+        what = why if rank_error is not None else f"{describe_code(codes.get(rank))}; {why}"
+        parts[0] = f"training rank {rank} of {world_size} failed during '{op}': {what}"
+        parts.append(f"--- rank {rank} log ({log_dir / f'rank{rank}.log'}), last lines ---\n"
+                     + tail(log_dir / f"rank{rank}.log"))
+    if rank_error:
+        parts.append(f"--- rank {rank} error ---\n{rank_error}")
+    parts.append(f"--- launcher log ({launcher_log}), last lines ---\n" + tail(launcher_log, 15))
+    parts.append("the group is down: call restart() (reloads the last checkpoint) or close()")
+    return "\n".join(parts)
