@@ -15,6 +15,8 @@ Contract (checked by ``env_adapters.checker.check_env`` for every adapter):
   the rollout marks the episode ``infra_error`` and keeps it out of the advantage baseline.
   It is never turned into a reward of 0.
 * ``close()`` releases every resource (processes, JVMs, sockets) and is idempotent.
+* ``task_category(task_id)`` (a classmethod) names the category held-out results are reported
+  under; by default the environment's name.
 """
 
 from __future__ import annotations
