@@ -798,11 +798,13 @@ class PolicyTrainer:
                 if len(chunk) == 0:
                     continue
                 mini = batch.select(chunk)
-                shares = torch.tensor_split(torch.arange(len(mini)), n)
                 # rows of similar length share a micro-batch: less padding to compute (the
-                # weights keep the accumulated objective exact whatever the grouping)
-                mine = shares[rank][torch.argsort(mini.attention_mask[shares[rank]].sum(-1), stable=True)]
-                micro = list(torch.split(mine, mbs)) if len(mine) else []
+                # weights keep the accumulated objective exact whatever the grouping). Sorted
+                # before the mini-batch is shared out, so N ranks run the one process's
+                # micro-batches and their per-micro-batch metric means agree with it too.
+                by_length = torch.argsort(mini.attention_mask.sum(-1), stable=True)
+                shares = torch.tensor_split(by_length, n)
+                micro = list(torch.split(shares[rank], mbs)) if len(shares[rank]) else []
                 passes = max(1, max(math.ceil(len(sh) / mbs) for sh in shares))
                 step_loss = 0.0
                 for k in range(passes):
