@@ -40,7 +40,7 @@ def _config(tmp: Path, model_cache: str) -> Path:
 
 
 def _train(cfg: Path, tmp: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agentgym.cli", "train", "-c", str(cfg)], cwd=tmp,
+    return subprocess.Popen([sys.executable, "-m", "agentgym_cli.cli", "train", "-c", str(cfg)], cwd=tmp,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, text=True)
 
