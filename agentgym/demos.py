@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.chat import ChatFormatter
-from agentgym.types import Episode, Turn
+from agentgym.rollout import record_step
+from agentgym.types import Episode
 from env_adapters.base import TextEnv
 from env_adapters.experts import Expert
 
@@ -107,24 +108,13 @@ def play_demo(
         # the expert's reply is trained on (mask 1, log-prob 0: nothing sampled it); a noise
         # reply is context only
         ep.append(ids, sampled=from_expert, logprobs=[0.0] * len(ids) if from_expert else None)
+        reply = formatter.reply_text(ids)
         t0 = time.perf_counter()
-        res = env.step(formatter.reply_text(ids))
+        res = env.step(reply)
         latency = (time.perf_counter() - t0) * 1000.0
-        running = ep.reward
-        total = float(res.reward) if res.info.get("reward_is_cumulative") else running + float(res.reward)
-        ep.reward = min(1.0, max(0.0, total))
-        truncated = bool(res.truncated) or (turn + 1 == horizon and not res.terminated)
-        ep.turns.append(Turn(
-            turn=turn, observation=obs, action_text=formatter.reply_text(ids),
-            parsed_action=res.info.get("parsed_action"), reward=ep.reward - running,
-            terminated=bool(res.terminated), truncated=truncated,
-            format_error=bool(res.info.get("format_error", False)),
-            gen_tokens=len(ids) if from_expert else 0, env_latency_ms=latency,
-        ))
-        if res.info.get("success"):
-            ep.success = True
-        if res.terminated or truncated:
-            ep.terminated, ep.truncated = bool(res.terminated), truncated
+        # the rollout's own bookkeeping: the same rewards, Turn rows and end flags
+        if record_step(ep, turn, horizon, obs, reply, res, gen_tokens=len(ids) if from_expert else 0,
+                       latency_ms=latency):
             break
         ep.append(formatter.glue(res.observation, formatter.ends_turn(ids)), sampled=False)
         obs = res.observation

@@ -150,25 +150,8 @@ def run_episodes(
                         _fail(lv, err)
                         continue
                     res, latency = out
-                    last_turn = turn + 1 == settings.horizon
-                    truncated = bool(res.truncated) or (last_turn and not res.terminated)
-                    # Most adapters reward the step; SciWorld-style ones report a running score.
-                    # Either way the turn records its own increment, so the turns' rewards add
-                    # up to the episode outcome (what turn-level credit assignment needs).
-                    running = lv.ep.reward
-                    total = float(res.reward) if res.info.get("reward_is_cumulative") else running + float(res.reward)
-                    lv.ep.reward = min(1.0, max(0.0, total))
-                    lv.ep.turns.append(Turn(
-                        turn=turn, observation=lv.observation, action_text=replies[j],
-                        parsed_action=res.info.get("parsed_action"), reward=lv.ep.reward - running,
-                        terminated=bool(res.terminated), truncated=truncated,
-                        format_error=bool(res.info.get("format_error", False)),
-                        gen_tokens=len(samples[j].token_ids), env_latency_ms=latency,
-                    ))
-                    if res.info.get("success"):
-                        lv.ep.success = True
-                    if res.terminated or truncated:
-                        lv.ep.terminated, lv.ep.truncated = bool(res.terminated), truncated
+                    if record_step(lv.ep, turn, settings.horizon, lv.observation, replies[j], res,
+                                   gen_tokens=len(samples[j].token_ids), latency_ms=latency):
                         lv.done = True
                         continue
                     glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
@@ -192,6 +175,32 @@ def run_episodes(
             lv.ep.success = True
         lv.ep.validate()
     return [lv.ep for lv in lives]
+
+
+def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: str, res: StepResult, *,
+                gen_tokens: int, latency_ms: float) -> bool:
+    """Book one environment step into ``ep`` (reward, ``Turn`` row, success, end flags); returns
+    whether the episode ended (terminated, or truncated by the adapter or the horizon)."""
+    truncated = bool(res.truncated) or (turn + 1 == horizon and not res.terminated)
+    # Most adapters reward the step; SciWorld-style ones report a running score. Either way the
+    # turn records its own increment, so the turns' rewards add up to the episode outcome (what
+    # turn-level credit assignment needs).
+    running = ep.reward
+    total = float(res.reward) if res.info.get("reward_is_cumulative") else running + float(res.reward)
+    ep.reward = min(1.0, max(0.0, total))
+    ep.turns.append(Turn(
+        turn=turn, observation=observation, action_text=reply,
+        parsed_action=res.info.get("parsed_action"), reward=ep.reward - running,
+        terminated=bool(res.terminated), truncated=truncated,
+        format_error=bool(res.info.get("format_error", False)),
+        gen_tokens=gen_tokens, env_latency_ms=latency_ms,
+    ))
+    if res.info.get("success"):
+        ep.success = True
+    if res.terminated or truncated:
+        ep.terminated, ep.truncated = bool(res.terminated), truncated
+        return True
+    return False
 
 
 def _fail(live: _Live, err: str) -> None:

@@ -32,14 +32,12 @@ def _summary(tracker: Tracker, child: str) -> dict[str, Any]:
     held = history("heldout_loss")
     acc = history("heldout_token_accuracy")
     loss = history("sft_loss")
-    run = tracker.client.get_run(child)
     return {
         "mlflow_run_id": child, "steps": len(loss),
         "train_loss_first": loss[0] if loss else None, "train_loss_last": loss[-1] if loss else None,
         "heldout_loss_before": held[0] if held else None, "heldout_loss_after": held[-1] if held else None,
         "heldout_accuracy_before": acc[0] if acc else None, "heldout_accuracy_after": acc[-1] if acc else None,
-        "checkpoint": f"{run.info.artifact_uri}/{run.data.tags['agentgym.last_checkpoint']}"
-        if "agentgym.last_checkpoint" in run.data.tags else None,
+        "checkpoint": tracker.run_checkpoint(child),
     }
 
 

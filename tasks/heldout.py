@@ -18,7 +18,7 @@ from agentgym import progress
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
 from agentgym.engines import create_engine
-from agentgym.evaluation import evaluate
+from agentgym.evaluation import EvalReport, evaluate
 from agentgym.heldout import RANDOM, comparison_table, heldout_horizon, random_valid_report
 from agentgym.registry import materialize
 from agentgym.tracking import Tracker
@@ -30,8 +30,6 @@ def _logged(tracker: Tracker, parent: str, label: str) -> dict[str, Any] | None:
 
 
 def _log(tracker: Tracker, parent: str, label: str, result: dict[str, Any]) -> dict[str, Any]:
-    from agentgym.evaluation import EvalReport
-
     metrics: dict[str, float] = {}
     for mode in ("greedy", "sampled"):
         if result.get(mode):
