@@ -51,15 +51,38 @@ class EnvSpec(_Strict):
         "of your own TextEnv subclass, package.module:Class.")
     tasks: list[int] = Field(
         default_factory=lambda: list(range(8)),
-        description="Training task ids (AgentGym data_idx) this environment draws from.",
+        description="Training task ids (AgentGym data_idx) this environment draws from. Items are "
+        "ids or Python-style ranges as strings, 'start:stop' or 'start:stop:step' (stop excluded): "
+        "'0:2000:40' is BabyAI level 1 with minigrid seeds 0-49.",
     )
     eval_tasks: list[int] = Field(
-        default_factory=list, description="Held-out task ids for evaluation (empty: no eval)."
+        default_factory=list, description="Held-out task ids for evaluation (empty: no eval); ids or "
+        "'start:stop[:step]' ranges as in tasks."
     )
     weight: float = Field(1.0, gt=0, description="Share of each rollout batch in a mixed config.")
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the adapter constructor."
     )
+
+    @field_validator("tasks", "eval_tasks", mode="before")
+    @classmethod
+    def _expand_ranges(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        out: list[Any] = []
+        for item in v:
+            if isinstance(item, str) and ":" in item:
+                try:
+                    parts = [int(x) for x in item.split(":")]
+                    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] <= 0):
+                        raise ValueError
+                except ValueError:
+                    raise ValueError(f"task range {item!r} is not 'start:stop' or 'start:stop:step' with "
+                                     "integers and a positive step, e.g. '0:2000:40'") from None
+                out.extend(range(*parts))
+            else:
+                out.append(item)
+        return out
 
     @field_validator("tasks")
     @classmethod
@@ -111,8 +134,8 @@ class RolloutConfig(_Strict):
         1, ge=1,
         description="Dynamic sampling (DAPO / verl filter_groups): when fewer than tasks_per_iteration "
         "of an iteration's groups are informative (rewards not all tied, so GRPO/RLOO have a "
-        "signal), draw and play another tasks_per_iteration tasks, up to max_draws draws in all. "
-        "1: off. Every drawn episode is committed; tied groups are skipped by the update as always. "
+        "signal), draw and play as many further tasks as informative groups are missing, up to "
+        "max_draws draws in all. 1: off. Every drawn episode is committed; tied groups are skipped by the update as always. "
         "Metrics: sampling_draws, informative_groups.",
     )
     max_infra_error_fraction: float = Field(
@@ -477,6 +500,10 @@ class HeldOutConfig(_Strict):
     every_stage: bool = Field(
         True, description="Evaluate the policy at the end of every ScalingInter-RL stage; False: after "
         "the last stage only (each evaluation plays every held-out task to the horizon).")
+    base: bool = Field(
+        True, description="Evaluate the starting model (model.name_or_path) as the 'base' row. False "
+        "when it was measured elsewhere: runs that start from a shared warm-start checkpoint (the "
+        "ablation) would otherwise each replay the same deterministic evaluation.")
 
 
 class PipelineConfig(_Strict):

@@ -33,11 +33,12 @@ from env_adapters import make_env
 
 
 def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = False,
-                  draw: int = 0) -> list[EpisodeSpec]:
-    """The episodes of one iteration: a pure function of (config, global step, draw).
+                  draw: int = 0, tasks: int | None = None) -> list[EpisodeSpec]:
+    """The episodes of one iteration: a pure function of (config, global step, draw, tasks).
 
     ``draw`` > 0 is a further draw of dynamic sampling (``rollout.max_draws``): other tasks, group
-    ids ending in ``-d<draw>``.
+    ids ending in ``-d<draw>``; ``tasks`` (default ``tasks_per_iteration``) is how many tasks
+    it draws -- a further draw only replaces the groups that tied.
 
     ``tasks_per_iteration`` tasks are split across the environments in proportion to their
     weights (largest remainder, so a mixed batch always holds every environment its share
@@ -49,7 +50,7 @@ def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = Fals
     envs = [e for e in cfg.envs if (e.eval_tasks if eval_split else e.tasks)]
     if not envs:
         return []
-    n = cfg.rollout.tasks_per_iteration
+    n = cfg.rollout.tasks_per_iteration if tasks is None else tasks
     total = sum(e.weight for e in envs)
     exact = [n * e.weight / total for e in envs]
     counts = [int(x) for x in exact]
@@ -169,12 +170,14 @@ class PolicySession:
         tokens_before = self.engine.generated_tokens
         episodes: list[Episode] = []
         draws = 0
-        # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once)
-        while draws < self.cfg.rollout.max_draws and (
-                draws == 0 or informative_groups(episodes) < self.cfg.rollout.tasks_per_iteration):
+        wanted = self.cfg.rollout.tasks_per_iteration
+        # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once);
+        # a further draw plays only as many tasks as informative groups are still missing
+        while draws < self.cfg.rollout.max_draws and (draws == 0 or informative_groups(episodes) < wanted):
+            missing = wanted - informative_groups(episodes) if draws else wanted
             seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
             episodes += run_episodes(
-                self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws),
+                self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing),
                 self.rollout_settings(horizon, seed=seed), make_env=make_env, on_turn=on_turn,
             )
             draws += 1

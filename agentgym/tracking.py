@@ -215,6 +215,10 @@ class Tracker:
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         return run.info.run_id
 
+    def find_run(self, run_id: str, kind: str) -> str | None:
+        """The MLflow run of pipeline ``run_id`` of ``kind`` ("pipeline", "sft"; None: none yet)."""
+        return self._find(**{TAG_RUN: run_id, TAG_KIND: kind})
+
     def run_checkpoint(self, mlflow_run_id: str) -> str | None:
         """Artifact URI of the last checkpoint logged to a stage or SFT run (None: none yet)."""
         run = self.client.get_run(mlflow_run_id)

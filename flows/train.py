@@ -159,7 +159,8 @@ def scaling_inter_rl(
     try:
         if config.heldout.enabled:  # the floor and the starting point, before any training
             heldout["random-valid"] = heldout_random_valid(config, parent)
-            heldout["base"] = heldout_policy(config, parent, "base", config.model.name_or_path)
+            if config.heldout.base:
+                heldout["base"] = heldout_policy(config, parent, "base", config.model.name_or_path)
         if config.sft.enabled:
             sft = sft_flow(config, run_id, parent)
             if config.heldout.enabled:

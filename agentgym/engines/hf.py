@@ -10,10 +10,15 @@ A hand-written decode loop instead of ``model.generate`` so that
   observation) are prefilled instead of the whole conversation. Prefill is what dominates a
   multi-turn rollout on CPU; keeping the cache makes a turn cost O(new tokens), not O(context).
 
-Batch layout when cached prefixes are reused (per row, left to right):
+* **prefill runs in groups of rows of similar new-token length** (``length_groups``): on a
+  CPU a padded token costs as much as a real one, and one batch padded to its longest
+  observation computed 2x the real tokens of a BabyAI evaluation.
+
+Batch layout of one prefill group (per row, left to right):
 ``[pad][cached prefix K/V][pad][new prompt tokens]`` with a 2-D attention mask that is 0 on
 the pads and explicit position ids, so rows with different cached and new lengths share one
-forward pass.
+forward pass. The groups' keys/values are then laid out as ``[pad][prefix][new]`` in one cache
+for the decode steps.
 """
 
 from __future__ import annotations
@@ -38,6 +43,28 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
+def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
+    """Row indices grouped so that each group, padded to its longest row, computes at most
+    ``max_padding`` (a fraction) more tokens than it holds. Rows sorted longest first; a group is
+    closed when the next row would push it over. On a CPU a forward over a few hundred tokens
+    is as efficient per token as a large batch, so many small groups cost nothing extra; padded
+    tokens cost as much as real ones. ``max_padding >= 1`` keeps everything in one group."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if max_padding >= 1.0 or len(order) <= 1:
+        return [order]
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            g = groups[-1]
+            longest = lengths[g[0]]
+            real = sum(lengths[j] for j in g) + lengths[i]
+            if longest * (len(g) + 1) - real <= max_padding * longest * (len(g) + 1):
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
 @dataclass
 class _Prefix:
     tokens: list[int]  # the ids whose keys/values are stored
@@ -45,8 +72,14 @@ class _Prefix:
 
 
 class HFEngine:
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, keep_cache: bool = True):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, keep_cache: bool = True,
+                 max_padding: float | None = None):
         self.model = model.eval()
+        # padding budget of a prefill group (see ``length_groups``): on CPU padded tokens cost
+        # as much as real ones and small groups cost nothing extra; on a GPU one wide batch wins
+        if max_padding is None:
+            max_padding = 0.1 if next(model.parameters()).device.type == "cpu" else 1.0
+        self.max_padding = max_padding
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.keep_cache = keep_cache
@@ -93,8 +126,13 @@ class HFEngine:
         return out.logits[:, -1, :].float()
 
     def _prefill(self, prompts: list[list[int]], keys: list[str] | None):
-        """Build the batch's cache and return (logits of the last prompt token, cache, attn, next_pos)."""
-        device = self.device
+        """Build the batch's cache and return (logits of the last prompt token, cache, attn, next_pos).
+
+        Rows are prefilled in groups of similar new-token length (``length_groups``): one padded
+        forward over a whole batch computed up to 2x the real tokens on multi-turn rollouts
+        (observations of 100-380 tokens padded to the longest). The groups' keys/values are then
+        laid out in one cache, ``[pad][cached prefix][new]`` per row, for the decode steps.
+        """
         n = len(prompts)
         reuse = [0] * n
         hits: list[_Prefix | None] = [None] * n
@@ -103,8 +141,46 @@ class HFEngine:
                 pre = self._prefixes.get(k)
                 if pre is not None and len(pre.tokens) < len(p) and p[: len(pre.tokens)] == pre.tokens:
                     reuse[i], hits[i] = len(pre.tokens), pre
-        width_c = max(reuse)
         new = [p[c:] for p, c in zip(prompts, reuse)]
+        self.prefilled_tokens += sum(len(x) for x in new)
+        groups = length_groups([len(x) for x in new], self.max_padding)
+        if len(groups) == 1:
+            return self._prefill_rows(new, reuse, hits)
+        device = self.device
+        logits = None
+        rows_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(n)]
+        for g in groups:
+            lg, cache, attn, _ = self._prefill_rows([new[i] for i in g], [reuse[i] for i in g],
+                                                    [hits[i] for i in g])
+            if logits is None:
+                logits = lg.new_empty((n, lg.shape[-1]))
+            logits[torch.tensor(g, device=lg.device)] = lg
+            for j, i in enumerate(g):
+                valid = attn[j].bool()
+                rows_kv[i] = [(layer.keys[j][:, valid], layer.values[j][:, valid]) for layer in cache.layers]
+        total = [c + len(x) for c, x in zip(reuse, new)]
+        width = max(total)
+        ref_k, ref_v = rows_kv[0][0]
+        data = []
+        for layer in range(len(rows_kv[0])):
+            k = ref_k.new_zeros((n, ref_k.shape[0], width, ref_k.shape[-1]))
+            v = ref_v.new_zeros((n, ref_v.shape[0], width, ref_v.shape[-1]))
+            for i in range(n):
+                k[i, :, width - total[i]:] = rows_kv[i][layer][0]
+                v[i, :, width - total[i]:] = rows_kv[i][layer][1]
+            data.append((k, v))
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for i, t in enumerate(total):
+            attn[i, width - t:] = 1
+        next_pos = torch.tensor(total)[:, None]
+        return logits, DynamicCache(ddp_cache_data=data), attn.to(device), next_pos.to(device)
+
+    def _prefill_rows(self, new: list[list[int]], reuse: list[int], hits: list["_Prefix | None"]):
+        """One padded forward over ``new`` tokens after each row's cached prefix (``hits``,
+        ``reuse`` tokens long); returns (last logits, cache, attention mask, next positions)."""
+        device = self.device
+        n = len(new)
+        width_c = max(reuse)
         width_n = max(len(x) for x in new)
         ids = torch.full((n, width_n), self.pad_id, dtype=torch.long)
         attn_n = torch.zeros((n, width_n), dtype=torch.long)
@@ -130,7 +206,6 @@ class HFEngine:
             for i, c in enumerate(reuse):
                 attn_c[i, width_c - c:] = 1
         attn = torch.cat([attn_c, attn_n], dim=-1).to(device)
-        self.prefilled_tokens += sum(len(x) for x in new)
         logits = self._forward(ids.to(device), attn, pos.to(device), cache)
         return logits, cache, attn, pos[:, -1:].to(device) + 1
 

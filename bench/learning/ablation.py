@@ -1,21 +1,24 @@
 """ScalingInter-RL ablation: a growing horizon against a fixed short and a fixed long one.
 
-One command per run; every run of an environment starts from the same SFT warm start (same
-demonstrations, settings and seed: the SFT stage is deterministic), makes the same number of RL
-iterations with the same episodes per iteration, and differs only in the horizon schedule and
-the RL seed:
+Every RL run of an environment starts from **one** SFT warm start (trained once by ``warmstart``),
+makes the same number of RL iterations with the same tasks per iteration, and differs only in
+the horizon schedule and the RL seed:
 
+    .venv/bin/python bench/learning/ablation.py warmstart --env babyai   # demos, SFT, held-out rows
     .venv/bin/python bench/learning/ablation.py run --env babyai --schedule scaling --seed 0
     .venv/bin/python bench/learning/ablation.py run --env babyai --schedule short --seed 0
     .venv/bin/python bench/learning/ablation.py run --env babyai --schedule long --seed 0
-    ...  (--seed 1 for BabyAI's second seed; --env textcraft for TextCraft)
+    ...  (--seed 1 for a second seed; --env textcraft for TextCraft)
     .venv/bin/python bench/learning/ablation.py report          # table + plots from MLflow
 
-The run id is fixed by (env, schedule, seed), so re-running a killed command resumes it. Runs use
-``configs/ablation/<env>.yaml``; ``--iterations`` scales the budget (default: the config's).
-``report`` reads every finished run from MLflow (``sqlite:///mlflow-ablation.db``) and writes
-``docs/results/ablation-<env>.png`` (held-out success against environment steps and wall time,
-train reward, turns per episode, format errors) and a Markdown table to stdout.
+Run ids are fixed by (env, schedule, seed), so re-running a killed command resumes it. Runs use
+``configs/ablation/<env>.yaml``. The warm start is an ``agentgym train`` run with one RL
+iteration (the pipeline has no zero-iteration stage); its held-out table gives the random-valid,
+base and after-SFT rows at the ablation's held-out horizon, and its SFT checkpoint is the
+``model.name_or_path`` of every RL run (which then skips SFT and the base evaluation).
+``report`` reads MLflow (``sqlite:///mlflow-ablation.db``) and writes
+``docs/results/ablation-<env>.png`` (held-out success against environment steps and against
+wall time, train reward, turns per episode, format errors) and a Markdown table to stdout.
 """
 
 from __future__ import annotations
@@ -35,40 +38,119 @@ SCHEDULES = {
     "short": lambda h, n: [{"horizon": h[0], "iterations": n}],
     "long": lambda h, n: [{"horizon": h[2], "iterations": n}],
 }
-HORIZONS = {"babyai": (5, 10, 20), "textcraft": (5, 10, 20)}
+#: (short, middle, long) horizons; held-out episodes get the long one
+HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20)}
+ITERATIONS = 9
+
+
+def tracking_uri() -> str:
+    """``TRACKING`` with its database path made absolute (the runs use it from the repository root)."""
+    path = Path(TRACKING.removeprefix("sqlite:///"))
+    return f"sqlite:///{path if path.is_absolute() else ROOT / path}"
 
 
 def run_id(env: str, schedule: str, seed: int) -> str:
     return f"ablation-{env}-{schedule}-s{seed}"
 
 
-def overrides(env: str, schedule: str, seed: int, iterations: int) -> list[str]:
+def warmstart_id(env: str) -> str:
+    return f"ablation-{env}-warmstart"
+
+
+def _common(env: str) -> list[str]:
+    return [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-ablation-{env}",
+            f"heldout.horizon={HORIZONS[env][2]}", "heldout.enabled=true"]
+
+
+def warmstart_overrides(env: str) -> list[str]:
+    """SFT, the random-valid / base / after-SFT evaluations, and the one RL iteration the pipeline
+    needs (its stage is not part of the ablation)."""
+    return _common(env) + ["sft.enabled=true", "heldout.every_stage=false",
+                           'schedule.stages=[{"horizon": %d, "iterations": 1}]' % HORIZONS[env][0]]
+
+
+def overrides(env: str, schedule: str, seed: int, iterations: int, warm_start: str) -> list[str]:
+    """One RL run from the warm start ``warm_start`` (a local HF folder)."""
     stages = SCHEDULES[schedule](HORIZONS[env], iterations)
-    return [f"schedule.stages={json.dumps(stages)}", f"seed={seed}", f"tracking.tracking_uri={TRACKING}",
-            f"tracking.experiment=agentgym-ablation-{env}", f"heldout.horizon={HORIZONS[env][2]}"]
+    return _common(env) + [f"schedule.stages={json.dumps(stages)}", f"seed={seed}",
+                           f"model.name_or_path={warm_start}", "sft.enabled=false", "heldout.base=false",
+                           "heldout.every_stage=true"]
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    cfg = ROOT / "configs" / "ablation" / f"{args.env}.yaml"
-    sets = overrides(args.env, args.schedule, args.seed, args.iterations)
-    cmd = [str(Path(sys.executable).parent / "agentgym"), "train", "-c", str(cfg),
-           "--run-id", run_id(args.env, args.schedule, args.seed)]
-    for s in sets + list(args.set or []):
+def _train(env: str, rid: str, sets: list[str]) -> int:
+    cfg = ROOT / "configs" / "ablation" / f"{env}.yaml"
+    cmd = [str(Path(sys.executable).parent / "agentgym"), "train", "-c", str(cfg), "--run-id", rid]
+    for s in sets:
         cmd += ["--set", s]
     print(" ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=ROOT)
 
 
-def _runs(client, env: str) -> list[dict]:
+def warm_start_folder(env: str) -> Path | None:
+    """The local folder of the warm start's SFT checkpoint (None: ``warmstart`` has not finished)."""
+    from agentgym.registry import materialize
+    from agentgym.tracking import Tracker
+
+    tracker = Tracker(tracking_uri(), f"agentgym-ablation-{env}")
+    found = tracker.find_run(warmstart_id(env), "sft")
+    if found is None or not tracker.is_finished(found):
+        return None
+    uri = tracker.run_checkpoint(found)
+    return materialize(uri, tracker.uri) if uri else None
+
+
+def cmd_warmstart(args: argparse.Namespace) -> int:
+    return _train(args.env, warmstart_id(args.env), warmstart_overrides(args.env) + list(args.set or []))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    folder = warm_start_folder(args.env)
+    if folder is None:
+        print(f"no finished warm start for {args.env}: run first\n  .venv/bin/python bench/learning/ablation.py "
+              f"warmstart --env {args.env}", file=sys.stderr)
+        return 2
+    sets = overrides(args.env, args.schedule, args.seed, args.iterations, str(folder))
+    return _train(args.env, run_id(args.env, args.schedule, args.seed), sets + list(args.set or []))
+
+
+def _runs(client, env: str) -> tuple[list[dict], object | None]:
     exp = client.get_experiment_by_name(f"agentgym-ablation-{env}")
     if exp is None:
-        return []
-    out = []
+        return [], None
+    out, warm = [], None
     for r in client.search_runs([exp.experiment_id], filter_string="tags.`agentgym.kind` = 'pipeline'"):
         rid = r.data.tags["agentgym.run_id"]
+        if rid == warmstart_id(env):
+            warm = r
+            continue
         parts = rid.split("-")
-        out.append({"run": r, "run_id": rid, "schedule": parts[2], "seed": int(parts[3][1:])})
-    return out
+        if len(parts) == 4 and parts[2] in SCHEDULES and r.info.status == "FINISHED":
+            out.append({"run": r, "run_id": rid, "schedule": parts[2], "seed": int(parts[3][1:])})
+    return out, warm
+
+
+def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
+    """Per-iteration train metrics, cumulative environment steps and minutes, and the held-out
+    success at the end of each stage placed at that stage's last iteration."""
+    import numpy as np
+
+    rid = run.info.run_id
+    hist = {k: sorted(client.get_metric_history(rid, k), key=lambda x: x.step)
+            for k in ("reward_mean", "turns_per_episode", "format_error_rate", "episodes")}
+    turns = [x.value for x in hist["turns_per_episode"]]
+    eps = [x.value for x in hist["episodes"]]
+    steps = np.cumsum([t * e for t, e in zip(turns, eps)])
+    minutes = [(x.timestamp - run.info.start_time) / 60000 for x in hist["reward_mean"]]
+    stage_ends = np.cumsum([s["iterations"] for s in SCHEDULES[schedule](horizons, len(turns))]) - 1
+    m = run.data.metrics
+    held = []
+    for i, end in enumerate(stage_ends):
+        key = f"heldout/stage-{i}/overall/greedy_at_1"
+        if key in m and end < len(steps):
+            held.append((float(steps[end]), minutes[end], m[key]))
+    return {"steps": steps, "minutes": minutes, "turns": turns, "reward": [x.value for x in hist["reward_mean"]],
+            "format": [x.value for x in hist["format_error_rate"]], "heldout": held,
+            "wall": (run.info.end_time - run.info.start_time) / 60000 if run.info.end_time else float("nan")}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -79,57 +161,58 @@ def cmd_report(args: argparse.Namespace) -> int:
     import numpy as np
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=TRACKING)
+    client = MlflowClient(tracking_uri=tracking_uri())
     out_dir = ROOT / "docs" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for env in HORIZONS:
-        runs = _runs(client, env)
-        if not runs:
+    for env, horizons in HORIZONS.items():
+        runs, warm = _runs(client, env)
+        if not runs and warm is None:
             continue
-        print(f"\n### {env}\n\n| schedule | seeds | random-valid | base | SFT | after RL | env steps | wall min |")
-        print("|---|---|---|---|---|---|---|---|")
-        fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+        wm = warm.data.metrics if warm is not None else {}
+        sft = wm.get("heldout/sft/overall/greedy_at_1", float("nan"))
+        print(f"\n### {env} (held-out greedy success, horizon {horizons[2]})\n")
+        print(f"random-valid (mean of seeds) {wm.get('heldout/random-valid/overall/avg_at_1', float('nan')):.3f}, "
+              f"base {wm.get('heldout/base/overall/greedy_at_1', float('nan')):.3f}, after SFT {sft:.3f}\n")
+        print("| schedule | horizons | seeds | after RL (mean ± sd) | per seed | env steps | wall min |")
+        print("|---|---|---|---|---|---|---|")
+        fig, axes = plt.subplots(1, 5, figsize=(25, 4))
+        for ax in axes[:2]:
+            ax.axhline(sft, color="grey", ls="--", lw=1, label="after SFT")
         for schedule in SCHEDULES:
-            mine = [r for r in runs if r["schedule"] == schedule]
+            mine = sorted((r for r in runs if r["schedule"] == schedule), key=lambda r: r["seed"])
             if not mine:
                 continue
-            cells: dict[str, list[float]] = {}
-            steps, walls = [], []
+            finals, steps, walls = [], [], []
             for r in mine:
-                rid = r["run"].info.run_id
-                m = r["run"].data.metrics
-                for label in ("random-valid", "base", "sft"):
-                    key = f"heldout/{label}/overall/" + ("avg_at_1" if label == "random-valid" else "greedy_at_1")
-                    if key in m:
-                        cells.setdefault(label, []).append(m[key])
-                last = sorted(k for k in m if k.startswith("heldout/stage-") and k.endswith("/overall/greedy_at_1"))
-                if last:
-                    cells.setdefault("rl", []).append(m[last[-1]])
-                hist = {k: sorted(client.get_metric_history(rid, k), key=lambda x: x.step)
-                        for k in ("reward_mean", "turns_per_episode", "format_error_rate", "episodes")}
-                turns = [x.value for x in hist["turns_per_episode"]]
-                eps = [x.value for x in hist["episodes"]]
-                env_steps = np.cumsum([t * e for t, e in zip(turns, eps)])
-                steps.append(env_steps[-1] if len(env_steps) else 0)
-                walls.append((r["run"].info.end_time - r["run"].info.start_time) / 60000 if r["run"].info.end_time else float("nan"))
+                c = _curve(client, r["run"], schedule, horizons)
                 lab = f"{schedule} s{r['seed']}"
-                axes[0].plot(env_steps, [x.value for x in hist["reward_mean"]], label=lab)
-                axes[1].plot([x.step for x in hist["turns_per_episode"]], turns, label=lab)
-                axes[2].plot([x.step for x in hist["format_error_rate"]], [x.value for x in hist["format_error_rate"]], label=lab)
-                if last:
-                    axes[3].scatter([env_steps[-1] if len(env_steps) else 0], [m[last[-1]]], label=lab)
-
-            def fmt(xs: list[float]) -> str:
-                return "-" if not xs else f"{np.mean(xs):.3f}" + (f" ± {np.std(xs):.3f}" if len(xs) > 1 else "")
-
-            print(f"| {schedule} | {len(mine)} | {fmt(cells.get('random-valid', []))} | {fmt(cells.get('base', []))} | "
-                  f"{fmt(cells.get('sft', []))} | {fmt(cells.get('rl', []))} | {np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
-        for ax, title in zip(axes, ("train reward vs env steps", "turns per episode vs iteration",
-                                    "format-error rate vs iteration", "held-out success vs env steps")):
+                if c["heldout"]:
+                    finals.append(c["heldout"][-1][2])
+                    xs = [0.0] + [h[0] for h in c["heldout"]]
+                    ts = [0.0] + [h[1] for h in c["heldout"]]
+                    ys = [sft] + [h[2] for h in c["heldout"]]
+                    axes[0].plot(xs, ys, marker="o", label=lab)
+                    axes[1].plot(ts, ys, marker="o", label=lab)
+                steps.append(float(c["steps"][-1]) if len(c["steps"]) else 0.0)
+                walls.append(c["wall"])
+                axes[2].plot(c["steps"], c["reward"], label=lab)
+                axes[3].plot(range(1, len(c["turns"]) + 1), c["turns"], label=lab)
+                axes[4].plot(range(1, len(c["format"]) + 1), c["format"], label=lab)
+            sched = " → ".join(str(s["horizon"]) for s in SCHEDULES[schedule](horizons, ITERATIONS))
+            spread = f"{np.mean(finals):.3f} ± {np.std(finals):.3f}" if len(finals) > 1 else \
+                (f"{finals[0]:.3f}" if finals else "-")
+            print(f"| {schedule} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
+                  f"{np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
+        titles = ("held-out success vs env steps", "held-out success vs wall minutes",
+                  "train reward vs env steps", "turns per episode vs iteration", "format-error rate vs iteration")
+        for ax, title in zip(axes, titles):
             ax.set_title(title)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out_dir / f"ablation-{env}.png", dpi=90)
+        path = out_dir / f"ablation-{env}.png"
+        fig.savefig(path, dpi=80)
+        if warm is not None:
+            client.log_artifact(warm.info.run_id, str(path), "ablation")
         print(f"\n![{env}](results/ablation-{env}.png)")
     return 0
 
@@ -137,15 +220,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="one ablation run (resumes when re-run)")
+    w = sub.add_parser("warmstart", help="the shared SFT warm start of an environment (resumes when re-run)")
+    w.add_argument("--env", choices=sorted(HORIZONS), required=True)
+    w.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    r = sub.add_parser("run", help="one ablation run from the warm start (resumes when re-run)")
     r.add_argument("--env", choices=sorted(HORIZONS), required=True)
     r.add_argument("--schedule", choices=sorted(SCHEDULES), required=True)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--iterations", type=int, default=12, help="RL iterations in all (divisible by 3)")
+    r.add_argument("--iterations", type=int, default=ITERATIONS, help="RL iterations in all (divisible by 3)")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     sub.add_parser("report", help="table and plots of the finished runs")
     args = p.parse_args()
-    return cmd_run(args) if args.cmd == "run" else cmd_report(args)
+    return {"warmstart": cmd_warmstart, "run": cmd_run, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

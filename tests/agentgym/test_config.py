@@ -31,6 +31,11 @@ def test_shipped_configs_mean_what_they_say(name):
     renamed or defaulted on the way)."""
     raw = yaml.safe_load((ROOT / "configs" / name).read_text())
     parsed = load_config(ROOT / "configs" / name).model_dump(mode="json")
+    for env in raw.get("envs", []):  # 'start:stop:step' task ranges are expanded by design
+        for key in ("tasks", "eval_tasks"):
+            if key in env:
+                env[key] = [t for item in env[key] for t in
+                            (range(*map(int, item.split(":"))) if isinstance(item, str) else [item])]
     for path, value in _leaves(raw):
         got = parsed
         for p in path:
@@ -115,6 +120,16 @@ def test_env_names_and_task_ids_are_checked_before_a_run():
         parse_config({"envs": [{"name": "textcraft", "tasks": [3, -1]}]})
     with pytest.raises(ConfigError, match=r"envs.0.eval_tasks"):
         parse_config({"envs": [{"name": "textcraft", "tasks": [3], "eval_tasks": [-2]}]})
+
+
+def test_task_ranges_expand_and_bad_ranges_say_how_to_fix():
+    cfg = parse_config({"envs": [{"name": "babyai", "tasks": ["0:120:40", 7, "1:3"], "eval_tasks": ["4000:4002"]}]})
+    assert cfg.envs[0].tasks == [0, 40, 80, 7, 1, 2]
+    assert cfg.envs[0].eval_tasks == [4000, 4001]
+    with pytest.raises(ConfigError, match=r"envs.0.tasks: .*'0:x' is not 'start:stop' or 'start:stop:step'.*'0:2000:40'"):
+        parse_config({"envs": [{"name": "babyai", "tasks": ["0:x"]}]})
+    with pytest.raises(ConfigError, match=r"positive step"):
+        parse_config({"envs": [{"name": "babyai", "tasks": ["10:0:-1"]}]})
 
 
 def test_an_adapter_can_be_named_by_its_import_path():

@@ -26,6 +26,29 @@ def test_draws_are_distinct_and_draw_zero_is_unchanged(tmp_path, model_cache):
     second = plan_episodes(cfg, 5, draw=1)
     assert all(s.group_id.endswith("-d1") for s in second)
     assert not {s.episode_id for s in first} & {s.episode_id for s in second}
+    assert len({s.group_id for s in plan_episodes(cfg, 5, draw=2, tasks=1)}) == 1
+
+
+def test_a_further_draw_replaces_only_the_tied_groups(tmp_path, model_cache):
+    """One environment always ties (an untrained model never says "xyzzyq"), the other never
+    does (char_share): after the first draw one of the two groups is informative, so the second
+    draw plays one task, not two."""
+    cfg = parse_config({
+        "seed": 1, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "xyzzyq", "mode": "starts_with"}},
+                 {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "aeiou", "mode": "char_share"}}],
+        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 4, "max_draws": 2},
+        "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
+        "store": {"root": str(tmp_path / "store")},
+    })
+    session = PolicySession(cfg, "ds-partial")
+    try:
+        out = session.collect(IterationRef(0, 0, 0), horizon=1)
+    finally:
+        session.close()
+    episodes = pd.read_parquet(tmp_path / "store" / "ds-partial" / "episodes")
+    assert out["sampling_draws"] == 2
+    assert episodes.group_id.nunique() == 3 and len(episodes) == 3 * 2
 
 
 @pytest.mark.parametrize("target,mode,draws", [("xyzzyq", "starts_with", 3), ("aeiou", "char_share", 1)])
@@ -39,6 +62,7 @@ def test_tied_groups_draw_again_up_to_the_bound(tmp_path, model_cache, target, m
         session.close()
     assert out["sampling_draws"] == draws
     episodes = pd.read_parquet(tmp_path / "store" / "ds-test" / "episodes")
+    # every group tied: each further draw replaces both groups
     assert len(episodes) == draws * 2 * 2 and episodes.episode_id.is_unique
     assert episodes.group_id.nunique() == draws * 2
     if draws == 3:

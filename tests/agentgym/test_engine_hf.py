@@ -116,3 +116,37 @@ def test_stop_string_ignores_leading_whitespace(engine):
     word = tok(" go", add_special_tokens=False)["input_ids"]
     assert not engine._stopped_by_string(nl, ["\n"])
     assert engine._stopped_by_string(nl + word + nl, ["\n"])
+
+
+def test_length_groups_bound_the_padding():
+    from agentgym.engines.hf import length_groups
+
+    lengths = [372, 100, 360, 120, 250, 101, 99, 371]
+    groups = length_groups(lengths, 0.1)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        longest = max(lengths[i] for i in g)
+        assert longest * len(g) - sum(lengths[i] for i in g) <= 0.1 * longest * len(g)
+    assert len(groups) == 3  # {372, 371, 360}, {250}, {120, 101, 100, 99}
+    assert length_groups(lengths, 1.0) == [sorted(range(8), key=lambda i: -lengths[i])]
+
+
+def test_grouped_prefill_matches_one_padded_batch(tiny_path):
+    """Prefilling rows in length groups and merging their caches gives the tokens and log-probs
+    of one padded batch, over several turns of kept caches."""
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    grouped = HFEngine(model, tok, keep_cache=True, max_padding=0.0)  # every distinct length alone
+    one = HFEngine(model, tok, keep_cache=True, max_padding=1.0)
+    convs = [tok("go " * (3 * k + 1), add_special_tokens=False)["input_ids"] for k in range(4)]
+    keys = ["a", "b", "c", "d"]
+    p = SamplingParams(max_new_tokens=5, seed=3)
+    for turn in range(3):
+        a = grouped.generate(convs, p, cache_keys=keys)
+        b = one.generate(convs, p, cache_keys=keys)
+        assert [s.token_ids for s in a] == [s.token_ids for s in b]
+        for sa, sb in zip(a, b):
+            assert torch.allclose(torch.tensor(sa.logprobs), torch.tensor(sb.logprobs), atol=1e-4)
+        obs = [tok(f"seen {turn} " * (2 * k + 1), add_special_tokens=False)["input_ids"] for k in (3, 0, 2, 1)]
+        convs = [c + s.token_ids + o for c, s, o in zip(convs, a, obs)]
+    assert grouped.prefilled_tokens == one.prefilled_tokens

@@ -1,5 +1,5 @@
 """The ablation's runs differ only in the horizon schedule and the seed: same total iterations,
-same episodes per iteration, same SFT settings; every (env, schedule) config validates."""
+same episodes per iteration, same warm start; every (env, schedule) config validates."""
 
 import sys
 from pathlib import Path
@@ -14,12 +14,31 @@ import ablation  # noqa: E402
 
 
 @pytest.mark.parametrize("env", sorted(ablation.HORIZONS))
-def test_schedules_share_everything_but_the_horizons(env):
-    cfgs = {s: load_config(ROOT / "configs" / "ablation" / f"{env}.yaml", ablation.overrides(env, s, 1, 12))
+def test_schedules_share_everything_but_the_horizons(env, tmp_path):
+    warm = str(tmp_path / "sft")
+    cfgs = {s: load_config(ROOT / "configs" / "ablation" / f"{env}.yaml", ablation.overrides(env, s, 1, 9, warm))
             for s in ablation.SCHEDULES}
-    assert {s: sum(x.iterations for x in c.stages) for s, c in cfgs.items()} == {s: 12 for s in cfgs}
+    assert {s: sum(x.iterations for x in c.stages) for s, c in cfgs.items()} == {s: 9 for s in cfgs}
     assert [x.horizon for x in cfgs["scaling"].stages] == sorted(x.horizon for x in cfgs["scaling"].stages)
     assert max(x.horizon for x in cfgs["short"].stages) < max(x.horizon for x in cfgs["long"].stages)
     dumps = [c.model_dump(exclude={"schedule"}) for c in cfgs.values()]
-    assert all(d == dumps[0] for d in dumps) and dumps[0]["seed"] == 1 and dumps[0]["sft"]["enabled"]
+    assert all(d == dumps[0] for d in dumps) and dumps[0]["seed"] == 1
+    assert dumps[0]["model"]["name_or_path"] == warm and not dumps[0]["sft"]["enabled"]
+    assert not dumps[0]["heldout"]["base"] and dumps[0]["heldout"]["horizon"] == ablation.HORIZONS[env][2]
     assert len({ablation.run_id(env, s, 1) for s in cfgs}) == 3
+
+
+@pytest.mark.parametrize("env", sorted(ablation.HORIZONS))
+def test_the_warm_start_trains_sft_and_measures_the_rows_before_rl(env):
+    cfg = load_config(ROOT / "configs" / "ablation" / f"{env}.yaml", ablation.warmstart_overrides(env))
+    assert cfg.sft.enabled and cfg.heldout.enabled and cfg.heldout.base
+    assert cfg.heldout.horizon == ablation.HORIZONS[env][2]
+    assert sum(s.iterations for s in cfg.stages) == 1
+
+
+def test_a_run_without_its_warm_start_says_what_to_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ablation, "TRACKING", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setattr(ablation, "ROOT", Path("/"))
+    args = type("A", (), {"env": "babyai", "schedule": "short", "seed": 0, "iterations": 9, "set": None})
+    assert ablation.cmd_run(args) == 2
+    assert "ablation.py warmstart --env babyai" in capsys.readouterr().err
