@@ -40,7 +40,7 @@ SCHEDULES = {
 }
 #: (short, middle, long) horizons; held-out episodes get the long one
 HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20)}
-ITERATIONS = 9
+ITERATIONS = 6
 
 
 def tracking_uri() -> str:

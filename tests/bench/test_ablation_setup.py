@@ -16,9 +16,9 @@ import ablation  # noqa: E402
 @pytest.mark.parametrize("env", sorted(ablation.HORIZONS))
 def test_schedules_share_everything_but_the_horizons(env, tmp_path):
     warm = str(tmp_path / "sft")
-    cfgs = {s: load_config(ROOT / "configs" / "ablation" / f"{env}.yaml", ablation.overrides(env, s, 1, 9, warm))
+    cfgs = {s: load_config(ROOT / "configs" / "ablation" / f"{env}.yaml", ablation.overrides(env, s, 1, ablation.ITERATIONS, warm))
             for s in ablation.SCHEDULES}
-    assert {s: sum(x.iterations for x in c.stages) for s, c in cfgs.items()} == {s: 9 for s in cfgs}
+    assert {s: sum(x.iterations for x in c.stages) for s, c in cfgs.items()} == {s: ablation.ITERATIONS for s in cfgs}
     assert [x.horizon for x in cfgs["scaling"].stages] == sorted(x.horizon for x in cfgs["scaling"].stages)
     assert max(x.horizon for x in cfgs["short"].stages) < max(x.horizon for x in cfgs["long"].stages)
     dumps = [c.model_dump(exclude={"schedule"}) for c in cfgs.values()]
@@ -39,6 +39,6 @@ def test_the_warm_start_trains_sft_and_measures_the_rows_before_rl(env):
 def test_a_run_without_its_warm_start_says_what_to_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ablation, "TRACKING", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.setattr(ablation, "ROOT", Path("/"))
-    args = type("A", (), {"env": "babyai", "schedule": "short", "seed": 0, "iterations": 9, "set": None})
+    args = type("A", (), {"env": "babyai", "schedule": "short", "seed": 0, "iterations": 6, "set": None})
     assert ablation.cmd_run(args) == 2
     assert "ablation.py warmstart --env babyai" in capsys.readouterr().err
