@@ -226,6 +226,15 @@ class AlgorithmConfig(_Strict):
         "reinforce_pp: whitened over the batch); gae puts each turn's reward on that turn's last "
         "policy token and lets the critic assign credit.",
     )
+    invalid_action_penalty: float = Field(
+        0.0, ge=0,
+        description="Reward shaping for the update only: subtract this for every turn whose reply "
+        "was a format error or named no available action. credit=outcome: from the episode's score "
+        "(so among episodes that all fail, those that repeated invalid actions rank below the rest "
+        "and the group still carries a signal); credit=turn: from that turn's reward. Success, "
+        "reward_mean and the stored rewards are unchanged; dynamic sampling counts the shaped "
+        "scores. 0: off.",
+    )
     turn_gamma: float = Field(
         1.0, ge=0, le=1,
         description="credit=turn with grpo/rloo/reinforce_pp: discount per TURN (not per token). 1 "

@@ -92,12 +92,24 @@ def check_infra_errors(episodes: list[Episode], max_fraction: float, ref: Iterat
         f"ids) and re-run with the same run id.")
 
 
-def informative_groups(episodes: list[Episode]) -> int:
+def wasted_turns(episode: Episode) -> int:
+    """Turns whose reply was a format error or named no available action."""
+    return sum(1 for t in episode.turns if t.format_error or t.invalid_action)
+
+
+def episode_scores(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> torch.Tensor:
+    """(B,) what the estimators compare: the episode reward, minus ``invalid_action_penalty``
+    per wasted turn (``algorithm.invalid_action_penalty``)."""
+    return torch.tensor([e.reward - invalid_action_penalty * wasted_turns(e) for e in episodes],
+                        dtype=torch.float32)
+
+
+def informative_groups(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> int:
     """Groups whose scored episodes do not all tie (GRPO / RLOO get a signal from them)."""
     scored = [e for e in episodes if not e.infra_error]
     if not scored:
         return 0
-    tied = A.tied_groups(torch.tensor([e.reward for e in scored], dtype=torch.float64),
+    tied = A.tied_groups(episode_scores(scored, invalid_action_penalty).double(),
                          [e.group_id for e in scored]).tolist()
     return len({e.group_id for e, t in zip(scored, tied) if not t})
 
@@ -110,6 +122,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "success_rate": float(np.mean([e.success for e in ok])) if ok else float("nan"),
         "turns_per_episode": float(np.mean([e.num_turns for e in ok])) if ok else float("nan"),
         "format_error_rate": float(np.mean([t.format_error for t in turns])) if turns else float("nan"),
+        "invalid_action_rate": float(np.mean([t.invalid_action for t in turns])) if turns else float("nan"),
         "infra_error_episodes": float(len(episodes) - len(ok)),
         "episodes": float(len(episodes)),
     }
@@ -171,10 +184,12 @@ class PolicySession:
         episodes: list[Episode] = []
         draws = 0
         wanted = self.cfg.rollout.tasks_per_iteration
+        shaping = self.cfg.algorithm.invalid_action_penalty
         # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once);
         # a further draw plays only as many tasks as informative groups are still missing
-        while draws < self.cfg.rollout.max_draws and (draws == 0 or informative_groups(episodes) < wanted):
-            missing = wanted - informative_groups(episodes) if draws else wanted
+        while draws < self.cfg.rollout.max_draws and (
+                draws == 0 or informative_groups(episodes, shaping) < wanted):
+            missing = wanted - informative_groups(episodes, shaping) if draws else wanted
             seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
             episodes += run_episodes(
                 self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing),
@@ -192,7 +207,7 @@ class PolicySession:
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
             "gen_tokens_per_s": gen / seconds if seconds > 0 else float("nan"),
-            "sampling_draws": float(draws), "informative_groups": float(informative_groups(episodes)),
+            "sampling_draws": float(draws), "informative_groups": float(informative_groups(episodes, shaping)),
             **episode_metrics(episodes),
         }
 
@@ -214,7 +229,7 @@ class PolicySession:
             return {"rows": 0, "digest": manifest.digest, "reused": False, "tied_groups": 0.0}
         batch = self._episode_batch(episodes)
         mask = batch.loss_mask
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
+        rewards = episode_scores(episodes, algo.invalid_action_penalty)  # = rewards when unshaped
         groups = [e.group_id for e in episodes]
         gae = algo.estimator is Estimator.GAE
         extra: dict[str, float] = {}
@@ -231,7 +246,7 @@ class PolicySession:
             penalty = -algo.kl_coef * kl
             extra["kl"] = float(A.masked_mean(kl, mask))
         if algo.credit == "turn":
-            turn_rewards, turn_mask = self._turn_rewards(episodes)
+            turn_rewards, turn_mask = self._turn_rewards(episodes, algo.invalid_action_penalty)
             if gae:
                 token_rewards = A.place_rewards_on_turn_ends(turn_rewards, turn_mask, mask) + penalty
             else:
@@ -283,21 +298,24 @@ class PolicySession:
         return TrainBatch.from_rows(rows, pad)
 
     @staticmethod
-    def _turn_rewards(episodes: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _turn_rewards(episodes: list[Episode], invalid_action_penalty: float = 0.0
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, K) turn rewards and mask for ``credit=turn``: turn k of an episode is its k-th reply
-        (one run of policy tokens). A turn whose reply sampled no token has no tokens to credit:
-        its reward goes to the previous turn that has some."""
+        (one run of policy tokens), minus ``invalid_action_penalty`` if it was wasted. A turn whose
+        reply sampled no token has no tokens to credit: its reward goes to the previous turn that
+        has some."""
         K = max((len(e.turns) for e in episodes), default=0)
         r = torch.zeros(len(episodes), max(K, 1))
         m = torch.zeros(len(episodes), max(K, 1), dtype=torch.bool)
         for i, e in enumerate(episodes):
             last = None
             for k, t in enumerate(e.turns):
+                reward = t.reward - (invalid_action_penalty if t.format_error or t.invalid_action else 0.0)
                 if t.gen_tokens > 0:
                     m[i, k], last = True, k
-                    r[i, k] += t.reward
+                    r[i, k] += reward
                 elif last is not None:
-                    r[i, last] += t.reward
+                    r[i, last] += reward
         return r, m
 
     # -- 3. update + weight sync -----------------------------------------------------------
@@ -310,7 +328,7 @@ class PolicySession:
         scored = [e for e in episodes.values() if not e.infra_error]
         tied = set()
         if scored:
-            flags = A.tied_groups(torch.tensor([e.reward for e in scored], dtype=torch.float64),
+            flags = A.tied_groups(episode_scores(scored, algo.invalid_action_penalty).double(),
                                   [e.group_id for e in scored])
             tied = {e.episode_id for e, t in zip(scored, flags.tolist()) if t}
         group_estimator = algo.estimator in (Estimator.GRPO, Estimator.RLOO)

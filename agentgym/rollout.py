@@ -194,6 +194,7 @@ def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: s
         terminated=bool(res.terminated), truncated=truncated,
         format_error=bool(res.info.get("format_error", False)),
         gen_tokens=gen_tokens, env_latency_ms=latency_ms,
+        invalid_action=bool(res.info.get("invalid_action", False)),
     ))
     if res.info.get("success"):
         ep.success = True

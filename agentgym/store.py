@@ -152,8 +152,16 @@ TURNS_SCHEMA = pa.schema(
         _f("format_error", pa.bool_()),
         _f("gen_tokens", pa.int32()),
         _f("env_latency_ms", pa.float64()),
+        _f("invalid_action", pa.bool_()),
     ]
 )
+
+# Additive schema evolution: columns added after datasets were first written, with the value a
+# file written before them reads as (the rest of the schema is unchanged, so old commits stay
+# readable without a rewrite).
+ADDED_COLUMNS: dict[str, dict[str, Any]] = {
+    "turns": {"invalid_action": False},
+}
 
 ADVANTAGES_SCHEMA = pa.schema(
     [
@@ -515,6 +523,7 @@ class TrajectoryStore:
             "format_error": [t.format_error for _, t in turn_rows],
             "gen_tokens": [t.gen_tokens for _, t in turn_rows],
             "env_latency_ms": [t.env_latency_ms for _, t in turn_rows],
+            "invalid_action": [t.invalid_action for _, t in turn_rows],
         }
         return self._to_table("episodes", ep_cols), self._to_table("turns", tu_cols)
 
@@ -838,7 +847,7 @@ class TrajectoryStore:
                         f"{m.stage}-{m.iteration}): the file changed after it was committed"
                     )
                 try:
-                    t = pq.read_table(pa.BufferReader(data), columns=file_cols)
+                    t = _read_parquet(data, file_cols, table)
                 except (pa.ArrowException, OSError) as e:
                     raise StoreError(f"unreadable Parquet file {self._url(path)}: {e}") from e
                 got.append(t)
@@ -908,6 +917,23 @@ class TrajectoryStore:
         for r in t.select(ep_fields).to_pylist():
             out.append(Episode(**r, turns=turns.get(r["episode_id"], [])))
         return out
+
+
+def _read_parquet(data: bytes, columns: list[str], table: str) -> pa.Table:
+    """``columns`` of one Parquet file; columns added to ``table``'s schema after the file was
+    written (``ADDED_COLUMNS``) are filled with their default."""
+    added = ADDED_COLUMNS.get(table, {})
+    if not any(c in added for c in columns):
+        return pq.read_table(pa.BufferReader(data), columns=columns)
+    present = set(pq.read_schema(pa.BufferReader(data)).names)
+    t = pq.read_table(pa.BufferReader(data), columns=[c for c in columns if c in present])
+    schema = SCHEMAS[table]
+    for c in columns:
+        if c not in present:
+            if c not in added:
+                raise pa.ArrowInvalid(f"column {c!r} is missing from the file")
+            t = t.append_column(schema.field(c), pa.array([added[c]] * t.num_rows, schema.field(c).type))
+    return t.select(columns)
 
 
 def _as_list(v: Any) -> list:

@@ -29,6 +29,8 @@ class Turn:
     format_error: bool
     gen_tokens: int
     env_latency_ms: float
+    # a well-formed reply naming no available action (the adapter's info["invalid_action"])
+    invalid_action: bool = False
 
 
 @dataclass

@@ -19,8 +19,9 @@ NAME = "multi_char_share"
 class MultiTurnCharShare(TextEnv):
     name = NAME
 
-    def __init__(self, target: str = "aeiou", turns: int = 2):
+    def __init__(self, target: str = "aeiou", turns: int = 2, flag_invalid: bool = False):
         self.target, self.turns = target, int(turns)
+        self.flag_invalid = bool(flag_invalid)  # a reply without any target letter is "invalid"
         self.k, self.task = 0, -1
 
     def system_prompt(self) -> str:
@@ -36,7 +37,9 @@ class MultiTurnCharShare(TextEnv):
         self.k += 1
         done = self.k >= self.turns
         obs = "Done." if done else f"Again: only the letters '{self.target}'."
-        return StepResult(obs, share / self.turns, done, False, {"success": False, "format_error": not chars})
+        invalid = self.flag_invalid and bool(chars) and share == 0.0
+        return StepResult(obs, share / self.turns, done, False,
+                          {"success": False, "format_error": not chars, "invalid_action": invalid})
 
 
 def install(monkeypatch) -> None:

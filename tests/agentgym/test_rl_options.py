@@ -167,6 +167,54 @@ def test_turn_credit_uses_each_turns_reward(tmp_path, model_cache, monkeypatch, 
     assert session.update(ref)["updated"]
 
 
+@pytest.mark.parametrize("credit", ["outcome", "turn"])
+def test_invalid_action_penalty_shapes_only_what_the_estimator_compares(tmp_path, model_cache, monkeypatch, credit):
+    """Each wasted turn (format error or invalid action) costs ``invalid_action_penalty`` in the
+    score GRPO compares (outcome) or in that turn's reward (turn); stored rewards stay as played."""
+    from agentgym.pipeline import episode_scores, wasted_turns
+
+    multiturn_env.install(monkeypatch)
+    cfg = _cfg(tmp_path, model_cache, {"estimator": "grpo", "credit": credit, "invalid_action_penalty": 0.25},
+               multi=True)
+    cfg.envs[0].kwargs["flag_invalid"] = True
+    session = PolicySession(cfg, f"shaped-{credit}")
+    ref = IterationRef(0, 0, 0)
+    session.collect(ref, horizon=3)
+    session.advantages(ref)
+    episodes, batch, rewards, groups, by_id = _layout(session, ref)
+    wasted = torch.tensor([float(wasted_turns(e)) for e in episodes])
+    assert wasted.sum() > 0, "the tiny model should waste some turns"
+    torch.testing.assert_close(episode_scores(episodes, 0.25), rewards - 0.25 * wasted)
+    mask = batch.loss_mask
+    if credit == "outcome":
+        want = A.compute_advantages("grpo", A.place_outcome_reward(rewards - 0.25 * wasted, mask), mask, groups)
+    else:
+        turn_r = torch.tensor([[t.reward - 0.25 * (t.format_error or t.invalid_action) for t in e.turns]
+                               + [0.0] * (3 - e.num_turns) for e in episodes])
+        turn_m = torch.tensor([[1] * e.num_turns + [0] * (3 - e.num_turns) for e in episodes])
+        want = A.turn_credit_advantages("grpo", turn_r, turn_m, mask, groups, baseline="turn")
+    _assert_table(episodes, by_id, *want)
+    stored = session.store.read_table("turns", stage=0, iteration=0)
+    assert stored.invalid_action.sum() == sum(t.invalid_action for e in episodes for t in e.turns)
+    assert (stored.reward >= 0).all()  # rewards are stored as played, unshaped
+
+
+def test_a_penalty_makes_groups_of_failures_informative():
+    from agentgym.pipeline import informative_groups
+    from agentgym.types import Episode, Turn
+
+    def episode(gid: str, eid: str, invalid: list[bool]) -> Episode:
+        e = Episode(eid, gid, "babyai", 0, 0, 4)
+        e.turns = [Turn(k, "", "", None, 0.0, False, False, False, 1, 0.0, invalid_action=bad)
+                   for k, bad in enumerate(invalid)]
+        return e
+
+    eps = [episode("g", "a", [True, True]), episode("g", "b", [False, True]),
+           episode("h", "c", [False]), episode("h", "d", [False])]
+    assert informative_groups(eps) == 0  # every episode failed: all tie on reward
+    assert informative_groups(eps, 0.1) == 1  # g: a wasted two turns, b one; h still ties
+
+
 # -- recomputed old log-probs ----------------------------------------------------------------
 def test_recomputed_old_logprobs_match_the_engine_closely(tmp_path, model_cache):
     """float32 engine and trainer: the engine's sampling log-probs and the recomputed ones agree

@@ -579,3 +579,34 @@ def test_an_unwritable_root_fails_the_check_naming_the_setting(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(OSError, match=r"store.root .*file' is not writable for run 'w'.*set store.root"):
         TrajectoryStore(str(blocker), "w").check_writable()
+
+
+def test_datasets_written_before_a_column_was_added_still_read(store, tmp_path):
+    """Additive schema evolution: a turns file without ``invalid_action`` (written before it
+    existed) reads with its default, False, through read_table and read_episodes."""
+    import hashlib
+
+    from agentgym.store import _combined_digest
+
+    eps = [make_episode(i) for i in range(2)]
+    eps[0].turns[1].invalid_action = True
+    store.write_episodes(eps, stage=1, iteration=0, global_step=0, policy_version=0)
+    assert store.read_table("turns").invalid_action.tolist() == [False, True, False, False]
+    (f,) = shards(tmp_path / "store", "turns")
+    old = pq.read_table(f).drop_columns(["invalid_action"])  # the file as the old writer left it
+    pq.write_table(old, f)
+    commit = tmp_path / "store" / RUN / "_commits" / "turns" / "1-0.json"
+    manifest = json.loads(commit.read_text())
+    rel = next(iter(manifest["sha256"]))
+    manifest["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
+    manifest["digest"] = _combined_digest(manifest["sha256"])
+    commit.write_text(json.dumps(manifest))
+    assert store.read_table("turns").invalid_action.tolist() == [False] * 4
+    assert [t.invalid_action for e in store.read_episodes(1, 0) for t in e.turns] == [False] * 4
+    # a column that was never added later is still an error, not a silent default
+    pq.write_table(old.drop_columns(["reward"]), f)
+    manifest["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
+    manifest["digest"] = _combined_digest(manifest["sha256"])
+    commit.write_text(json.dumps(manifest))
+    with pytest.raises(StoreError, match="reward"):
+        store.read_table("turns")
