@@ -1,4 +1,5 @@
-"""`agentgym` command line: train, prepare models, serve and check environments, inspect configs.
+"""`agentgym` command line: train, prepare models, serve and check environments, inspect configs,
+inspect and view a run's trajectories.
 
 `python -m agentgym_cli.cli` is the same as the `agentgym` console script."""
 
@@ -16,6 +17,7 @@ from rich.table import Table
 
 from agentgym_cli.common import console, quiet_env
 from agentgym_cli.eval_cmd import eval_app
+from agentgym_cli.inspect_cmd import inspect_cmd, view_cmd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentGym-RL on Prefect.")
 models_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
@@ -25,6 +27,8 @@ app.add_typer(models_app, name="models")
 app.add_typer(env_app, name="env")
 app.add_typer(config_app, name="config")
 app.add_typer(eval_app, name="eval")
+app.command("inspect")(inspect_cmd)
+app.command("view")(view_cmd)
 
 
 @app.command()
