@@ -6,7 +6,7 @@ JSON in ``<script type="application/json" id="agentgym-data">`` with every ``<``
 ``\\u003c``, so no observation (``</script>``, ``<!--``) can end the tag early; the script parses
 it and builds DOM lazily: the episode list is paginated (``PAGE_SIZE`` rows at a time) and only
 the selected episode's turns become elements. Text is inserted with ``textContent``, never as
-HTML.
+HTML. ``run.html#episode=<id>`` opens with that episode selected (clicking one sets it).
 
 Size bound: at most ``max_episodes`` episodes (default ``DEFAULT_MAX_EPISODES``), taken from the
 newest iterations first, with all of their turns; the file grows with the text of those turns
@@ -181,6 +181,7 @@ document.getElementById("prev").onclick=function(){if(page>0){page--;refresh();}
 document.getElementById("next").onclick=function(){if((page+1)*PAGE<shown.length){page++;refresh();}};
 function select(e){
   selected=e.episode_id;refresh();
+  try{history.replaceState(null,"","#episode="+encodeURIComponent(e.episode_id));}catch(err){}
   var d=document.getElementById("detail");d.textContent="";d.className="";
   d.appendChild(el("h2","Episode "+e.episode_id));
   d.appendChild(el("div",e.env+" task "+e.task_id+" \\u00b7 seed "+e.seed+" \\u00b7 stage "+e.stage+" iteration "+e.iteration+
@@ -200,6 +201,8 @@ function select(e){
     d.appendChild(box);});
 }
 refresh();
+var want=decodeURIComponent(location.hash.replace(/^#episode=/,""));  // a link to one episode
+D.episodes.forEach(function(e){if(location.hash&&e.episode_id===want)select(e);});
 })();
 </script></body></html>
 """

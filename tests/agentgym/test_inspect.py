@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -287,3 +288,34 @@ def test_view_max_episodes_keeps_the_newest(store, tmp_path):
     assert set(data["turns"]) == {"e-s2a", "e-s2b", "e-nasty"}
     assert len(data["iterations"]) == 3  # the table still covers the whole run
     assert run_data(store, 0)["episodes"] == []
+
+
+BROWSERS = ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
+
+
+def test_view_renders_in_a_headless_browser(store, tmp_path):
+    """The page's own script runs: the list is built and a #episode= link shows that episode's
+    turns (the other tests only read the embedded data)."""
+    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip(f"no headless browser installed (looked for {', '.join(BROWSERS)}; "
+                    "scripts/setup.sh installs chromium-headless-shell where apt is available)")
+    out = tmp_path / "run.html"
+    write_html(store, out)
+
+    def dom(url: str) -> str:
+        p = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", url],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout
+
+    page = dom(out.as_uri())
+    rows = re.findall(r'<tr data-id="([^"]+)"', page)
+    assert rows == [e["episode_id"] for e in list_episodes(store)]
+    assert "6 of 6 episodes" in page and "Click an episode" in page
+    page = dom(out.as_uri() + "#episode=e-nasty")
+    assert "Episode e-nasty" in page and "horizon 6" in page
+    escaped = NASTY.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    assert f"<pre>{escaped}</pre>" in page  # the observation as text, not as markup
+    page = dom(out.as_uri() + "#episode=e-ok")
+    assert "<pre>obs ok 0</pre>" in page and '<span class="flag">format error</span>' in page
