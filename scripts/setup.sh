@@ -13,15 +13,6 @@ if ! command -v java >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >&2
 fi
 
-# A headless browser for the viewer's rendering test (tests/agentgym/test_inspect.py skips without
-# one). Optional: where apt is missing or fails, setup goes on.
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-headless-shell >/dev/null 2>&1 \
-   && command -v apt-get >/dev/null 2>&1; then
-  echo "[setup] installing chromium-headless-shell (viewer test; optional)" >&2
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell) >&2 \
-    || echo "[setup] chromium-headless-shell not installed; the viewer's browser test will skip" >&2
-fi
-
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 stamp="$VENV/.agentgym-installed"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)

@@ -7,6 +7,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# A headless browser for the viewer's rendering test (tests/agentgym/test_inspect.py skips without
+# one). Optional: where apt is missing or fails, the tests go on.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-headless-shell >/dev/null 2>&1 \
+   && command -v apt-get >/dev/null 2>&1; then
+  echo "[test] installing chromium-headless-shell (viewer test; optional)" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell) >&2 \
+    || echo "[test] chromium-headless-shell not installed; the viewer's browser test will skip" >&2
+fi
 export PYTHONUNBUFFERED=1
 status=0
 .venv/bin/python -m pytest -q -ra --timeout=900 "$@" || status=$?
