@@ -18,7 +18,8 @@ base and after-SFT rows at the ablation's held-out horizon, and its SFT checkpoi
 ``model.name_or_path`` of every RL run (which then skips SFT and the base evaluation).
 ``report`` reads MLflow (``sqlite:///mlflow-ablation.db``) and writes
 ``docs/results/ablation-<env>.png`` (held-out success against environment steps and against
-wall time, train reward, turns per episode, format errors) and a Markdown table to stdout.
+wall time, train reward, turns per episode, format errors and invalid actions) and a Markdown
+table to stdout.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
 
     rid = run.info.run_id
     hist = {k: sorted(client.get_metric_history(rid, k), key=lambda x: x.step)
-            for k in ("reward_mean", "turns_per_episode", "format_error_rate", "episodes")}
+            for k in ("reward_mean", "turns_per_episode", "format_error_rate", "invalid_action_rate", "episodes")}
     turns = [x.value for x in hist["turns_per_episode"]]
     eps = [x.value for x in hist["episodes"]]
     steps = np.cumsum([t * e for t, e in zip(turns, eps)])
@@ -149,7 +150,8 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
         if key in m and end < len(steps):
             held.append((float(steps[end]), minutes[end], m[key]))
     return {"steps": steps, "minutes": minutes, "turns": turns, "reward": [x.value for x in hist["reward_mean"]],
-            "format": [x.value for x in hist["format_error_rate"]], "heldout": held,
+            "format": [x.value for x in hist["format_error_rate"]],
+            "invalid": [x.value for x in hist["invalid_action_rate"]], "heldout": held,
             "wall": (run.info.end_time - run.info.start_time) / 60000 if run.info.end_time else float("nan")}
 
 
@@ -178,6 +180,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         fig, axes = plt.subplots(1, 5, figsize=(25, 4))
         for ax in axes[:2]:
             ax.axhline(sft, color="grey", ls="--", lw=1, label="after SFT")
+            ax.axhline(wm.get("heldout/random-valid/overall/avg_at_1", float("nan")), color="grey", ls=":",
+                       lw=1, label="random valid")
         for schedule in SCHEDULES:
             mine = sorted((r for r in runs if r["schedule"] == schedule), key=lambda r: r["seed"])
             if not mine:
@@ -197,14 +201,17 @@ def cmd_report(args: argparse.Namespace) -> int:
                 walls.append(c["wall"])
                 axes[2].plot(c["steps"], c["reward"], label=lab)
                 axes[3].plot(range(1, len(c["turns"]) + 1), c["turns"], label=lab)
-                axes[4].plot(range(1, len(c["format"]) + 1), c["format"], label=lab)
+                line = axes[4].plot(range(1, len(c["format"]) + 1), c["format"], label=f"{lab} format")
+                axes[4].plot(range(1, len(c["invalid"]) + 1), c["invalid"], ls="--", color=line[0].get_color(),
+                             label=f"{lab} invalid action")
             sched = " → ".join(str(s["horizon"]) for s in SCHEDULES[schedule](horizons, ITERATIONS))
             spread = f"{np.mean(finals):.3f} ± {np.std(finals):.3f}" if len(finals) > 1 else \
                 (f"{finals[0]:.3f}" if finals else "-")
             print(f"| {schedule} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
                   f"{np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
         titles = ("held-out success vs env steps", "held-out success vs wall minutes",
-                  "train reward vs env steps", "turns per episode vs iteration", "format-error rate vs iteration")
+                  "train reward vs env steps", "turns per episode vs iteration",
+                  "format-error / invalid-action rate vs iteration")
         for ax, title in zip(axes, titles):
             ax.set_title(title)
             ax.legend(fontsize=7)
