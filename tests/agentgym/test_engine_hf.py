@@ -87,24 +87,30 @@ def test_top_p_keeps_nucleus():
     assert torch.allclose(out, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
 
 
+def _same_conversations(a_engine, b_engine, convs, keys, params, observation, turns: int = 3) -> None:
+    """Play ``turns`` turns of the same conversations on both engines (cache keys kept): same
+    tokens and log-probs each turn. ``observation(turn, row)`` is the text appended after each
+    reply, of a different length per row."""
+    tok = a_engine.tokenizer
+    for turn in range(turns):
+        a = a_engine.generate(convs, params, cache_keys=keys)
+        b = b_engine.generate(convs, params, cache_keys=keys)
+        assert [s.token_ids for s in a] == [s.token_ids for s in b]
+        for sa, sb in zip(a, b):
+            assert torch.allclose(torch.tensor(sa.logprobs), torch.tensor(sb.logprobs), atol=1e-4)
+        obs = [tok(observation(turn, k), add_special_tokens=False)["input_ids"] for k in range(len(convs))]
+        convs = [c + s.token_ids + o for c, s, o in zip(convs, a, obs)]
+
+
 def test_kept_cache_across_turns_matches_full_prefill(tiny_path):
     """Turn 2 reuses turn 1's keys/values: same tokens and log-probs as prefilling everything."""
     tok = AutoTokenizer.from_pretrained(tiny_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
     cached, fresh = HFEngine(model, tok, keep_cache=True), HFEngine(model, tok, keep_cache=False)
-    prompts = _prompts(cached)
     keys = ["a", "b", "c"]
-    p = SamplingParams(max_new_tokens=6, seed=5)
-    convs = [list(x) for x in prompts]
-    for turn in range(3):
-        a = cached.generate(convs, p, cache_keys=keys)
-        b = fresh.generate(convs, p, cache_keys=keys)
-        assert [s.token_ids for s in a] == [s.token_ids for s in b]
-        for sa, sb in zip(a, b):
-            assert torch.allclose(torch.tensor(sa.logprobs), torch.tensor(sb.logprobs), atol=1e-4)
-        # the next prompt: conversation + reply + observation of a different length per row
-        obs = [tok(f"observation {turn} " * (k + 1), add_special_tokens=False)["input_ids"] for k in range(3)]
-        convs = [c + s.token_ids + o for c, s, o in zip(convs, a, obs)]
+    _same_conversations(cached, fresh, [list(x) for x in _prompts(cached)], keys,
+                        SamplingParams(max_new_tokens=6, seed=5),
+                        lambda turn, k: f"observation {turn} " * (k + 1))
     assert cached.prefilled_tokens < fresh.prefilled_tokens / 2
     cached.release(keys)
     assert not cached._prefixes
@@ -139,14 +145,6 @@ def test_grouped_prefill_matches_one_padded_batch(tiny_path):
     grouped = HFEngine(model, tok, keep_cache=True, max_padding=0.0)  # every distinct length alone
     one = HFEngine(model, tok, keep_cache=True, max_padding=1.0)
     convs = [tok("go " * (3 * k + 1), add_special_tokens=False)["input_ids"] for k in range(4)]
-    keys = ["a", "b", "c", "d"]
-    p = SamplingParams(max_new_tokens=5, seed=3)
-    for turn in range(3):
-        a = grouped.generate(convs, p, cache_keys=keys)
-        b = one.generate(convs, p, cache_keys=keys)
-        assert [s.token_ids for s in a] == [s.token_ids for s in b]
-        for sa, sb in zip(a, b):
-            assert torch.allclose(torch.tensor(sa.logprobs), torch.tensor(sb.logprobs), atol=1e-4)
-        obs = [tok(f"seen {turn} " * (2 * k + 1), add_special_tokens=False)["input_ids"] for k in (3, 0, 2, 1)]
-        convs = [c + s.token_ids + o for c, s, o in zip(convs, a, obs)]
+    _same_conversations(grouped, one, convs, ["a", "b", "c", "d"], SamplingParams(max_new_tokens=5, seed=3),
+                        lambda turn, k: f"seen {turn} " * (2 * (3 - k) + 1))
     assert grouped.prefilled_tokens == one.prefilled_tokens
