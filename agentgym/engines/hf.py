@@ -65,6 +65,31 @@ def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
     return groups
 
 
+def _row_kv(cache: DynamicCache, row: int, attn_row: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Row ``row``'s keys/values at the positions ``attn_row`` marks (its pads dropped), per layer."""
+    valid = attn_row.bool()
+    return [(layer.keys[row][:, valid], layer.values[row][:, valid]) for layer in cache.layers]
+
+
+def _right_aligned(rows: list[list[tuple[torch.Tensor, torch.Tensor]] | None], width: int,
+                   device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the (rows, kv_heads, width, head_dim) keys and values of a batch cache: each
+    row's keys/values at the right end, zeros (masked pads) before them; a ``None`` row is all
+    pads. ``rows[i]`` is a per-layer list of (kv_heads, length_i, head_dim) pairs."""
+    ref = next(r for r in rows if r is not None)
+    out = []
+    for layer, (rk, rv) in enumerate(ref):
+        k = rk.new_zeros((len(rows), rk.shape[0], width, rk.shape[-1]))
+        v = rv.new_zeros((len(rows), rv.shape[0], width, rv.shape[-1]))
+        for i, r in enumerate(rows):
+            if r is not None:
+                length = r[layer][0].shape[1]
+                k[i, :, width - length:] = r[layer][0]
+                v[i, :, width - length:] = r[layer][1]
+        out.append((k.to(device), v.to(device)))
+    return out
+
+
 @dataclass
 class _Prefix:
     tokens: list[int]  # the ids whose keys/values are stored
@@ -148,7 +173,7 @@ class HFEngine:
             return self._prefill_rows(new, reuse, hits)
         device = self.device
         logits = None
-        rows_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(n)]
+        rows_kv: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * n
         for g in groups:
             lg, cache, attn, _ = self._prefill_rows([new[i] for i in g], [reuse[i] for i in g],
                                                     [hits[i] for i in g])
@@ -156,19 +181,10 @@ class HFEngine:
                 logits = lg.new_empty((n, lg.shape[-1]))
             logits[torch.tensor(g, device=lg.device)] = lg
             for j, i in enumerate(g):
-                valid = attn[j].bool()
-                rows_kv[i] = [(layer.keys[j][:, valid], layer.values[j][:, valid]) for layer in cache.layers]
+                rows_kv[i] = _row_kv(cache, j, attn[j])
         total = [c + len(x) for c, x in zip(reuse, new)]
         width = max(total)
-        ref_k, ref_v = rows_kv[0][0]
-        data = []
-        for layer in range(len(rows_kv[0])):
-            k = ref_k.new_zeros((n, ref_k.shape[0], width, ref_k.shape[-1]))
-            v = ref_v.new_zeros((n, ref_v.shape[0], width, ref_v.shape[-1]))
-            for i in range(n):
-                k[i, :, width - total[i]:] = rows_kv[i][layer][0]
-                v[i, :, width - total[i]:] = rows_kv[i][layer][1]
-            data.append((k, v))
+        data = _right_aligned(rows_kv, width, device)
         attn = torch.zeros((n, width), dtype=torch.long)
         for i, t in enumerate(total):
             attn[i, width - t:] = 1
@@ -191,18 +207,8 @@ class HFEngine:
         attn_c = torch.zeros((n, width_c), dtype=torch.long)
         cache = DynamicCache()
         if width_c:
-            layers = len(next(h for h in hits if h is not None).kv)
-            ref_k, ref_v = next(h for h in hits if h is not None).kv[0]
-            data = []
-            for layer in range(layers):
-                k = ref_k.new_zeros((n, ref_k.shape[0], width_c, ref_k.shape[-1]))
-                v = ref_v.new_zeros((n, ref_v.shape[0], width_c, ref_v.shape[-1]))
-                for i, h in enumerate(hits):
-                    if h is not None:
-                        k[i, :, width_c - reuse[i]:] = h.kv[layer][0]
-                        v[i, :, width_c - reuse[i]:] = h.kv[layer][1]
-                data.append((k.to(device), v.to(device)))
-            cache = DynamicCache(ddp_cache_data=data)
+            prefixes = [h.kv if h is not None else None for h in hits]
+            cache = DynamicCache(ddp_cache_data=_right_aligned(prefixes, width_c, device))
             for i, c in enumerate(reuse):
                 attn_c[i, width_c - c:] = 1
         attn = torch.cat([attn_c, attn_n], dim=-1).to(device)
@@ -210,8 +216,7 @@ class HFEngine:
         return logits, cache, attn, pos[:, -1:].to(device) + 1
 
     def _save(self, key: str, tokens: list[int], cache: DynamicCache, row: int, attn_row: torch.Tensor) -> None:
-        valid = attn_row.bool()
-        kv = [(layer.keys[row][:, valid].clone(), layer.values[row][:, valid].clone()) for layer in cache.layers]
+        kv = [(k.clone(), v.clone()) for k, v in _row_kv(cache, row, attn_row)]
         if kv and kv[0][0].shape[1] == len(tokens):
             self._prefixes[key] = _Prefix(tokens, kv)
 
