@@ -135,7 +135,8 @@ class RolloutConfig(_Strict):
         description="Dynamic sampling (DAPO / verl filter_groups): when fewer than tasks_per_iteration "
         "of an iteration's groups are informative (rewards not all tied, so GRPO/RLOO have a "
         "signal), draw and play as many further tasks as informative groups are missing, up to "
-        "max_draws draws in all. 1: off. Every drawn episode is committed; tied groups are skipped by the update as always. "
+        "max_draws draws in all. 1: off. Every drawn episode is committed; tied groups are skipped "
+        "by the update as always. "
         "Metrics: sampling_draws, informative_groups.",
     )
     max_infra_error_fraction: float = Field(

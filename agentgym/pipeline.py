@@ -28,7 +28,7 @@ from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
 from agentgym.store import TrajectoryStore
 from agentgym.trainer import Trainer, create_trainer
 from agentgym.training import CRITIC_DIR, TrainBatch
-from agentgym.types import Episode
+from agentgym.types import Episode, Turn
 from env_adapters import make_env
 
 
@@ -92,9 +92,14 @@ def check_infra_errors(episodes: list[Episode], max_fraction: float, ref: Iterat
         f"ids) and re-run with the same run id.")
 
 
+def is_wasted(turn: Turn) -> bool:
+    """Whether the turn's reply was a format error or named no available action."""
+    return turn.format_error or turn.invalid_action
+
+
 def wasted_turns(episode: Episode) -> int:
-    """Turns whose reply was a format error or named no available action."""
-    return sum(1 for t in episode.turns if t.format_error or t.invalid_action)
+    """How many of the episode's turns were wasted (``is_wasted``)."""
+    return sum(1 for t in episode.turns if is_wasted(t))
 
 
 def episode_scores(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> torch.Tensor:
@@ -104,13 +109,20 @@ def episode_scores(episodes: list[Episode], invalid_action_penalty: float = 0.0)
                         dtype=torch.float32)
 
 
+def tied_episodes(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> list[bool]:
+    """Per scored episode (infra errors left out, in order): whether its group's scores
+    (``episode_scores``) all tie -- no signal for GRPO / RLOO."""
+    scored = [e for e in episodes if not e.infra_error]
+    if not scored:
+        return []
+    return A.tied_groups(episode_scores(scored, invalid_action_penalty).double(),
+                         [e.group_id for e in scored]).tolist()
+
+
 def informative_groups(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> int:
     """Groups whose scored episodes do not all tie (GRPO / RLOO get a signal from them)."""
     scored = [e for e in episodes if not e.infra_error]
-    if not scored:
-        return 0
-    tied = A.tied_groups(episode_scores(scored, invalid_action_penalty).double(),
-                         [e.group_id for e in scored]).tolist()
+    tied = tied_episodes(scored, invalid_action_penalty)
     return len({e.group_id for e, t in zip(scored, tied) if not t})
 
 
@@ -187,9 +199,10 @@ class PolicySession:
         shaping = self.cfg.algorithm.invalid_action_penalty
         # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once);
         # a further draw plays only as many tasks as informative groups are still missing
-        while draws < self.cfg.rollout.max_draws and (
-                draws == 0 or informative_groups(episodes, shaping) < wanted):
+        while draws < self.cfg.rollout.max_draws:
             missing = wanted - informative_groups(episodes, shaping) if draws else wanted
+            if missing <= 0:
+                break
             seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
             episodes += run_episodes(
                 self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing),
@@ -310,7 +323,7 @@ class PolicySession:
         for i, e in enumerate(episodes):
             last = None
             for k, t in enumerate(e.turns):
-                reward = t.reward - (invalid_action_penalty if t.format_error or t.invalid_action else 0.0)
+                reward = t.reward - (invalid_action_penalty if is_wasted(t) else 0.0)
                 if t.gen_tokens > 0:
                     m[i, k], last = True, k
                     r[i, k] += reward
@@ -326,11 +339,8 @@ class PolicySession:
         old_values = self._old_values.pop((ref.stage, ref.iteration), None)
         critic = algo.critic.model != "none"
         scored = [e for e in episodes.values() if not e.infra_error]
-        tied = set()
-        if scored:
-            flags = A.tied_groups(episode_scores(scored, algo.invalid_action_penalty).double(),
-                                  [e.group_id for e in scored])
-            tied = {e.episode_id for e, t in zip(scored, flags.tolist()) if t}
+        flags = tied_episodes(scored, algo.invalid_action_penalty)
+        tied = {e.episode_id for e, t in zip(scored, flags) if t}
         group_estimator = algo.estimator in (Estimator.GRPO, Estimator.RLOO)
         rows = []
         skipped = 0
