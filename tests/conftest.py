@@ -50,3 +50,19 @@ def tiny_llama3_path(model_cache):
     from agentgym.models import tiny_model_path
 
     return tiny_model_path(model_cache, template="llama3")
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A SeaweedFS `weed mini` (tests/seaweed.py); skips the test where it cannot run."""
+    from seaweed import SeaweedUnavailable, seaweed  # tests/ is on sys.path (rootdir conftest)
+
+    try:
+        cm = seaweed()
+        server = cm.__enter__()
+    except SeaweedUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        yield server
+    finally:
+        cm.__exit__(None, None, None)

