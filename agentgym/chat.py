@@ -108,6 +108,28 @@ class ChatFormatter:
                 suffix = suffix[len(eot):]
         return self._encode(suffix) + self._encode(extended[len(closed):] + self.response_prefix)
 
+    def action_reply_ids(self, action: str, stop: list[str]) -> list[int]:
+        """The token ids of the reply that says ``action``, as the policy is trained to write it.
+
+        * with a ``response_prefix`` (e.g. ``"Action:"``, forced by the rollout): `` <action>``
+          followed by the first stop string (``"\\n"``) when the rollout stops on one -- what the
+          engine returns when it stops there -- else by the end-of-turn token;
+        * without one: AgentGym's ReAct lines ``Thought:\\n...\\n\\nAction:\\n<action>`` and the
+          end-of-turn token.
+
+        Expert demonstrations are written this way, and action-constrained decoding scores
+        exactly these ids for each valid action.
+        """
+        tok = self.tokenizer
+        if self.response_prefix:
+            sep = "" if self.response_prefix.endswith((" ", "\n")) else " "
+            text = sep + action
+            if stop:
+                return list(tok(text + stop[0], add_special_tokens=False)["input_ids"])
+            return list(tok(text, add_special_tokens=False)["input_ids"]) + self.end_of_turn_ids[:1]
+        text = f"Thought:\nI will {action}.\n\nAction:\n{action}"
+        return list(tok(text, add_special_tokens=False)["input_ids"]) + self.end_of_turn_ids[:1]
+
     def ends_turn(self, token_ids: list[int]) -> bool:
         return bool(token_ids) and token_ids[-1] in self.end_of_turn_ids
 

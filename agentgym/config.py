@@ -130,6 +130,16 @@ class RolloutConfig(_Strict):
         default_factory=list, description="Stop strings; the reply ends after the first match."
     )
     env_workers: int = Field(16, ge=1, description="Threads stepping environments concurrently.")
+    constrain_actions: bool = Field(
+        False,
+        description="Action-constrained decoding (as GLAM): where an environment lists its valid "
+        "actions, the reply is one of them, written in the reply format (response_prefix, stop) and "
+        "drawn with probability proportional to the policy's probability of saying it at "
+        "temperature (greedy: the likeliest); the stored tokens and log-probs are that reply's, as if "
+        "sampled. Where no list is given (valid_actions() is None) the reply is generated freely. "
+        "Applies to training rollouts and held-out evaluation alike. Costs one extra forward per "
+        "turn over the candidates. Engine hf only.",
+    )
     max_draws: int = Field(
         1, ge=1,
         description="Dynamic sampling (DAPO / verl filter_groups): when fewer than tasks_per_iteration "
@@ -146,6 +156,13 @@ class RolloutConfig(_Strict):
         "environment, bad task id): a broken setup stops the run instead of training on what is left. "
         "1.0: never fail (the unscored episodes are just left out).",
     )
+
+    @model_validator(mode="after")
+    def _choice_engine(self) -> "RolloutConfig":
+        if self.constrain_actions and self.engine != "hf":
+            raise ValueError("rollout.constrain_actions is implemented by the hf engine only; set "
+                             "rollout.engine: hf or rollout.constrain_actions: false")
+        return self
 
 
 class CriticConfig(_Strict):

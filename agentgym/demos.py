@@ -7,13 +7,8 @@ written in the reply format the policy is trained to produce and tokenized throu
 the same thing. They are committed to the trajectory store like rollouts (``pd.read_parquet``
 reads them the same way) under their own dataset id (:func:`demos_dataset_id`).
 
-Reply format (:func:`expert_reply_ids`):
-
-* with a ``response_prefix`` (e.g. ``"Action:"``, forced by the rollout, mask 0): the reply is
-  `` <action>`` followed by the first stop string (``"\\n"``) when the rollout stops on one --
-  what the engine returns when it stops there -- else by the template's end-of-turn token;
-* without one: AgentGym's ReAct lines ``Thought:\\n...\\n\\nAction:\\n<action>`` and the
-  end-of-turn token.
+Reply format: :meth:`ChatFormatter.action_reply_ids` (the same ids action-constrained decoding
+scores).
 
 ``noise`` > 0 makes some turns a uniformly random valid action instead of the expert's (DART):
 those replies stay in the conversation as context with ``loss_mask`` 0, so the policy sees
@@ -38,19 +33,6 @@ from env_adapters.experts import Expert
 
 #: ``policy_version`` of a demonstration episode in the store (no policy wrote it).
 EXPERT_POLICY_VERSION = -1
-
-
-def expert_reply_ids(formatter: ChatFormatter, action: str, stop: list[str]) -> list[int]:
-    """The token ids of the reply that says ``action`` (see the module docstring)."""
-    tok = formatter.tokenizer
-    if formatter.response_prefix:
-        sep = "" if formatter.response_prefix.endswith((" ", "\n")) else " "
-        text = sep + action
-        if stop:
-            return list(tok(text + stop[0], add_special_tokens=False)["input_ids"])
-        return list(tok(text, add_special_tokens=False)["input_ids"]) + formatter.end_of_turn_ids[:1]
-    text = f"Thought:\nI will {action}.\n\nAction:\n{action}"
-    return list(tok(text, add_special_tokens=False)["input_ids"]) + formatter.end_of_turn_ids[:1]
 
 
 @dataclass
@@ -104,7 +86,7 @@ def play_demo(
         action = expert.act(obs) if from_expert else rng.choice(valid)
         if action is None:  # the expert gives up: not a demonstration
             break
-        ids = expert_reply_ids(formatter, action, stop)
+        ids = formatter.action_reply_ids(action, stop)
         # the expert's reply is trained on (mask 1, log-prob 0: nothing sampled it); a noise
         # reply is context only
         ep.append(ids, sampled=from_expert, logprobs=[0.0] * len(ids) if from_expert else None)

@@ -261,15 +261,6 @@ def eval_targets(cfg: PipelineConfig,
     return out
 
 
-def eval_rollout_settings(cfg: PipelineConfig, horizon: int, seed: int, greedy: bool) -> RolloutSettings:
-    r = cfg.rollout
-    return RolloutSettings(
-        horizon=horizon, max_new_tokens=r.max_new_tokens, max_context_tokens=r.max_context_tokens,
-        temperature=r.temperature, top_p=r.top_p, greedy=greedy, stop=list(r.stop),
-        env_workers=r.env_workers, seed=seed, system_prompt=cfg.system_prompt,
-    )
-
-
 def evaluate(
     engine: InferenceEngine,
     formatter: ChatFormatter,
@@ -317,7 +308,7 @@ def evaluate(
             batches.append(list(g))
     episodes: list[Episode] = []
     for b, specs in enumerate(batches):
-        settings = eval_rollout_settings(cfg, horizon, seed=seed * 1_000_003 + b, greedy=greedy)
+        settings = RolloutSettings.from_config(cfg, horizon, seed=seed * 1_000_003 + b, greedy=greedy)
         episodes.extend(run_episodes(engine, formatter, specs, settings, make_env=make_env, on_turn=on_turn))
     label_of = {s.episode_id: s.group_id.split(":")[1] for g in groups for s in g}
     by_task: dict[tuple[str, int], list[Episode]] = {}

@@ -178,12 +178,7 @@ class PolicySession:
         return self._trainer
 
     def rollout_settings(self, horizon: int, seed: int, greedy: bool = False) -> RolloutSettings:
-        r = self.cfg.rollout
-        return RolloutSettings(
-            horizon=horizon, max_new_tokens=r.max_new_tokens, max_context_tokens=r.max_context_tokens,
-            temperature=r.temperature, top_p=r.top_p, greedy=greedy, stop=list(r.stop),
-            env_workers=r.env_workers, seed=seed, system_prompt=self.cfg.system_prompt,
-        )
+        return RolloutSettings.from_config(self.cfg, horizon, seed, greedy)
 
     # -- 1. rollout + store ----------------------------------------------------------------
     def collect(self, ref: IterationRef, horizon: int, on_turn=None) -> dict[str, Any]:

@@ -10,6 +10,11 @@ running score with ``info["reward_is_cumulative"]``), clipped to [0, 1]; each tu
 is its increment, so the turns add up to the outcome. An environment fault
 (``InfraError``) marks the episode ``infra_error``; it stops, keeps no reward, and the
 advantage step leaves it out of every baseline.
+
+``constrain_actions``: where the environment lists its valid actions, the reply is not free
+text but one of those actions in the reply format (``ChatFormatter.action_reply_ids``), drawn by
+the engine's ``choose`` in proportion to the policy's probability of saying it; where it lists
+none (``valid_actions()`` is ``None`` or empty), the reply is generated as usual.
 """
 
 from __future__ import annotations
@@ -51,6 +56,18 @@ class RolloutSettings:
     env_workers: int = 16
     seed: int = 0
     system_prompt: str | None = None
+    constrain_actions: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Any, horizon: int, seed: int, greedy: bool = False) -> "RolloutSettings":
+        """The settings a ``PipelineConfig`` (``cfg.rollout``, ``cfg.system_prompt``) asks for."""
+        r = cfg.rollout
+        return cls(
+            horizon=horizon, max_new_tokens=r.max_new_tokens, max_context_tokens=r.max_context_tokens,
+            temperature=r.temperature, top_p=r.top_p, greedy=greedy, stop=list(r.stop),
+            env_workers=r.env_workers, seed=seed, system_prompt=cfg.system_prompt,
+            constrain_actions=r.constrain_actions,
+        )
 
 
 @dataclass
@@ -132,8 +149,17 @@ def run_episodes(
                     stop_token_ids=formatter.end_of_turn_ids, stop_strings=list(settings.stop),
                     seed=turn_seed(settings.seed, turn),
                 )
-                samples = engine.generate([lv.ep.input_ids for lv in fits], params,
-                                          cache_keys=[lv.ep.episode_id for lv in fits])
+                choices: list[list[list[int]] | None] = [None] * len(fits)
+                if settings.constrain_actions:
+                    listed = list(pool.map(lambda lv: _safe(lv.env.valid_actions), fits))  # type: ignore[union-attr]
+                    for lv, (_, err) in zip(fits, listed):
+                        if err:
+                            _fail(lv, err)
+                    keep = [j for j, (_, err) in enumerate(listed) if not err]
+                    fits = [fits[j] for j in keep]
+                    choices = [[formatter.action_reply_ids(a, settings.stop) for a in listed[j][0]]
+                               if listed[j][0] else None for j in keep]
+                samples = _replies(engine, fits, choices, params)
                 replies = []
                 for lv, sample in zip(fits, samples):
                     lv.ep.append(sample.token_ids, sampled=True, logprobs=sample.logprobs)
@@ -175,6 +201,26 @@ def run_episodes(
             lv.ep.success = True
         lv.ep.validate()
     return [lv.ep for lv in lives]
+
+
+def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list[int]] | None],
+             params: SamplingParams) -> list[Any]:
+    """One reply per live episode: ``engine.choose`` among its candidates where it has some,
+    ``engine.generate`` where it has none (two batched calls at most)."""
+    out: list[Any] = [None] * len(fits)
+    free = [j for j, c in enumerate(choices) if c is None]
+    chosen = [j for j, c in enumerate(choices) if c is not None]
+    if free:
+        got = engine.generate([fits[j].ep.input_ids for j in free], params,
+                              cache_keys=[fits[j].ep.episode_id for j in free])
+        for j, sample in zip(free, got):
+            out[j] = sample
+    if chosen:
+        got = engine.choose([fits[j].ep.input_ids for j in chosen], [choices[j] for j in chosen],  # type: ignore[attr-defined]
+                            params, cache_keys=[fits[j].ep.episode_id for j in chosen])
+        for j, sample in zip(chosen, got):
+            out[j] = sample
+    return out
 
 
 def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: str, res: StepResult, *,

@@ -9,6 +9,8 @@ A hand-written decode loop instead of ``model.generate`` so that
   prompt extends the previous one, so only the new tokens (last reply token, template glue,
   observation) are prefilled instead of the whole conversation. Prefill is what dominates a
   multi-turn rollout on CPU; keeping the cache makes a turn cost O(new tokens), not O(context).
+* **action-constrained decoding** (``choose``): instead of sampling free text, score each of
+  a turn's candidate replies (the valid actions) by the policy's likelihood and sample one.
 
 * **prefill runs in groups of rows of similar new-token length** (``length_groups``): on a
   CPU a padded token costs as much as a real one, and one batch padded to its longest
@@ -282,3 +284,75 @@ class HFEngine:
 
         self.generated_tokens += sum(len(x) for x in out_ids)
         return [Sample(out_ids[i], out_lps[i], reasons[i]) for i in range(n)]  # type: ignore[arg-type]
+
+    @torch.no_grad()
+    def choose(self, prompts: list[list[int]], choices: list[list[list[int]]], params: SamplingParams,
+               cache_keys: list[str] | None = None) -> list[Sample]:
+        """For each prompt, one of its candidate replies ``choices[i]`` (token-id lists, e.g. every
+        valid action in the reply format), drawn with probability proportional to the policy's
+        probability of generating it at ``params.temperature`` -- sampling conditioned on the reply
+        being one of the candidates (GLAM-style action scoring); ``params.greedy``: the most
+        likely candidate (first on ties). ``top_p`` and the stop settings do not apply.
+
+        The returned ``Sample`` holds the chosen ids and their per-token
+        ``log_softmax(logits / T)``, exactly what ``generate`` would report had it sampled them,
+        so the trainer's ratio and the stored tokens mean the same as in free generation.
+        Cost: one prefill (kept caches reused as in ``generate``), then per prompt one forward
+        over its candidates after a copy of its keys/values (``CHOICE_CHUNK`` candidates a pass).
+        """
+        if not prompts:
+            return []
+        check_prompts(prompts, cache_keys)
+        if len(choices) != len(prompts) or any(not c or any(not ids for ids in c) for c in choices):
+            raise ValueError("choose: every prompt needs a non-empty list of non-empty candidates")
+        keys = cache_keys if self.keep_cache else None
+        logits, cache, attn, _ = self._prefill(prompts, keys)
+        first = torch.log_softmax(logits / params.temperature, dim=-1)
+        gen = torch.Generator(device="cpu").manual_seed(int(params.seed))
+        out: list[Sample] = []
+        for r, cands in enumerate(choices):
+            kv = _row_kv(cache, r, attn[r])
+            if keys is not None:  # the next turn's prompt extends this one
+                self._save(keys[r], prompts[r], cache, r, attn[r])
+            lps = self._candidate_logprobs(kv, first[r], cands, params.temperature)
+            scores = torch.tensor([sum(x) for x in lps], dtype=torch.float64)
+            if params.greedy:
+                pick = int(scores.argmax())
+            else:
+                pick = int(torch.multinomial(torch.softmax(scores, 0), 1, generator=gen))
+            out.append(Sample(list(cands[pick]), lps[pick], "stop"))
+        self.generated_tokens += sum(len(s.token_ids) for s in out)
+        return out
+
+    #: candidates scored in one forward pass (each needs its own copy of the prompt's keys/values)
+    CHOICE_CHUNK = 16
+
+    def _candidate_logprobs(self, kv: list[tuple[torch.Tensor, torch.Tensor]], first: torch.Tensor,
+                            cands: list[list[int]], temperature: float) -> list[list[float]]:
+        """Per candidate, the log-probs of its tokens after a prompt whose keys/values are ``kv``
+        (per layer (kv_heads, L, head_dim)) and whose next-token log-probs are ``first``."""
+        out = [[float(first[c[0]])] for c in cands]
+        length = kv[0][0].shape[1]
+        device = self.device
+        for lo in range(0, len(cands), self.CHOICE_CHUNK):
+            chunk = cands[lo: lo + self.CHOICE_CHUNK]
+            width = max(len(c) for c in chunk) - 1  # the last token of a candidate is never fed
+            if width == 0:
+                continue
+            k = len(chunk)
+            ids = torch.full((k, width), self.pad_id, dtype=torch.long)
+            for i, c in enumerate(chunk):  # right padding: a pad after a candidate changes nothing before it
+                ids[i, : len(c) - 1] = torch.tensor(c[:-1])
+            data = [(kk.unsqueeze(0).expand(k, -1, -1, -1).contiguous(),
+                     vv.unsqueeze(0).expand(k, -1, -1, -1).contiguous()) for kk, vv in kv]
+            pos = torch.arange(length, length + width).expand(k, -1)
+            attn = torch.ones((k, length + width), dtype=torch.long)
+            logits = self.model(input_ids=ids.to(device), attention_mask=attn.to(device),
+                                position_ids=pos.to(device), use_cache=True, logits_to_keep=0,
+                                **{self._cache_kw: DynamicCache(ddp_cache_data=data)}).logits.float()
+            logp = torch.log_softmax(logits / temperature, dim=-1)
+            self.prefilled_tokens += int(sum(len(c) - 1 for c in chunk))
+            for i, c in enumerate(chunk):
+                for j in range(1, len(c)):
+                    out[lo + i].append(float(logp[i, j - 1, c[j]]))
+        return out

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from agentgym.chat import ChatFormatter
-from agentgym.demos import (EXPERT_POLICY_VERSION, demos_dataset_id, expert_reply_ids, generate_demos,
+from agentgym.demos import (EXPERT_POLICY_VERSION, demos_dataset_id, generate_demos,
                             trim_after_last_reply)
 from agentgym.models import load_model
 from agentgym.store import TrajectoryStore
@@ -31,13 +31,13 @@ def _demos(tokenizer, prefix="Action:", stop=("\n",), noise=0.0, seed=0, n=6):
 
 def test_reply_ids_say_the_action_in_the_rollout_format(tokenizer):
     fmt = ChatFormatter(tokenizer, "Action:")
-    ids = expert_reply_ids(fmt, "go to red ball 1", ["\n"])
+    ids = fmt.action_reply_ids("go to red ball 1", ["\n"])
     # what the engine returns when it stops on "\n": the reply text ends with the stop string
     assert fmt.reply_text(ids) == "Action: go to red ball 1\n"
     assert not fmt.ends_turn(ids)
     assert parse_reply(fmt.reply_text(ids)) == ("go to red ball 1", "")
     react = ChatFormatter(tokenizer, "")
-    ids = expert_reply_ids(react, "turn left", [])
+    ids = react.action_reply_ids("turn left", [])
     assert react.ends_turn(ids)  # a ReAct reply closes its turn with the end-of-turn token
     assert react.reply_text(ids).endswith("Action:\nturn left")
     assert parse_reply(react.reply_text(ids)) == ("turn left", "")

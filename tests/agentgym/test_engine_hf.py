@@ -148,3 +148,93 @@ def test_grouped_prefill_matches_one_padded_batch(tiny_path):
     _same_conversations(grouped, one, convs, ["a", "b", "c", "d"], SamplingParams(max_new_tokens=5, seed=3),
                         lambda turn, k: f"seen {turn} " * (2 * (3 - k) + 1))
     assert grouped.prefilled_tokens == one.prefilled_tokens
+
+
+# ------------------------------------------------------------------- action-constrained decoding
+def _candidates(engine):
+    tok = engine.tokenizer
+    words = ["turn left", "turn right", "go to red ball 1", "pickup", "move forward and then left"]
+    return [tok(" " + w + "\n", add_special_tokens=False)["input_ids"] for w in words]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_choice_logprobs_match_full_forward(engine, temperature):
+    """Each candidate's score is its log-likelihood under a plain forward over prompt + candidate
+    (a second implementation, no cache, no batching), and greedy picks the largest."""
+    prompts = _prompts(engine)
+    cands = _candidates(engine)
+    engine.CHOICE_CHUNK = 2  # several chunks, the last one partial
+    try:
+        with torch.no_grad():
+            first = engine._prefill([prompts[0]], None)[0][0]
+            kv = None
+            for p in prompts:
+                logits, cache, attn, _ = engine._prefill([p], None)
+                from agentgym.engines.hf import _row_kv
+                kv = _row_kv(cache, 0, attn[0])
+                first = torch.log_softmax(logits[0] / temperature, -1)
+                got = engine._candidate_logprobs(kv, first, cands, temperature)
+                for c, lps in zip(cands, got):
+                    ref = _full_logprobs(engine.model, p, c, temperature)
+                    assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref)
+                picked = engine.choose([p], [cands], SamplingParams(greedy=True, temperature=temperature))[0]
+                best = max(range(len(cands)), key=lambda i: sum(got[i]))
+                assert picked.token_ids == cands[best] and picked.finish_reason == "stop"
+                assert picked.logprobs == pytest.approx(got[best], abs=1e-5)
+    finally:
+        engine.CHOICE_CHUNK = type(engine).CHOICE_CHUNK
+
+
+def test_choice_samples_in_proportion_to_likelihood(engine):
+    """Over many seeds the chosen candidate's frequency follows softmax(sequence log-likelihood)
+    (conditioning the policy on the candidate set): chi-square against the closed form."""
+    prompt = _prompts(engine)[1]
+    p = SamplingParams(temperature=1.0)
+    # a single candidate is always chosen and reports its own log-probs: its sequence score
+    score = {tuple(c): sum(engine.choose([prompt], [[c]], p)[0].logprobs) for c in _candidates(engine)}
+    cands = [list(c) for c in sorted(score, key=score.get)[-2:]]  # the two likeliest: both get hits
+    scores = [score[tuple(c)] for c in cands]
+    greedy = engine.choose([prompt], [cands], SamplingParams(greedy=True))[0]
+    probs = torch.softmax(torch.tensor(scores, dtype=torch.float64), 0)
+    assert greedy.token_ids == cands[int(probs.argmax())]
+    n = 600
+    counts = [0, 0]
+    batch = [prompt] * n  # one call, n rows: one generator draws them in order
+    for s in engine.choose(batch, [cands] * n, SamplingParams(seed=3)):
+        counts[cands.index(s.token_ids)] += 1
+    expected = [float(q) * n for q in probs]
+    assert min(expected) > 5, expected
+    chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
+    assert chi2 < 10.83, (counts, expected)  # p = 0.001 for 1 degree of freedom
+    again = engine.choose(batch[:20], [cands] * 20, SamplingParams(seed=3))
+    assert [s.token_ids for s in again] == [s.token_ids for s in engine.choose(
+        batch[:20], [cands] * 20, SamplingParams(seed=3))]
+
+
+def test_choice_keeps_the_conversation_cache(tiny_path):
+    """After a chosen reply, the next turn prefills only the new tokens and generates exactly
+    what an engine without a kept cache generates."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    kept, fresh = HFEngine(model, tok), HFEngine(model, tok, keep_cache=False)
+    prompts = _prompts(kept)
+    cands = _candidates(kept)
+    keys = [f"ep{i}" for i in range(len(prompts))]
+    p = SamplingParams(greedy=True, max_new_tokens=6)
+    a = kept.choose(prompts, [cands] * len(prompts), p, cache_keys=keys)
+    b = fresh.choose(prompts, [cands] * len(prompts), p, cache_keys=keys)
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    obs = tok(" you see a wall", add_special_tokens=False)["input_ids"]
+    nxt = [q + s.token_ids + obs for q, s in zip(prompts, a)]
+    before = kept.prefilled_tokens
+    x = kept.generate(nxt, p, cache_keys=keys)
+    assert kept.prefilled_tokens - before == sum(len(s.token_ids) + len(obs) for s in a)
+    y = fresh.generate(nxt, p, cache_keys=keys)
+    assert [s.token_ids for s in x] == [s.token_ids for s in y]
+    for s, t in zip(x, y):
+        assert s.logprobs == pytest.approx(t.logprobs, abs=1e-4)
+
+
+def test_choice_rejects_empty_candidates(engine):
+    with pytest.raises(ValueError, match="non-empty"):
+        engine.choose(_prompts(engine)[:1], [[]], SamplingParams())

@@ -205,3 +205,52 @@ def test_horizon_is_truncation(setup, end_at, limit, turns, terminated, truncate
     assert [t.terminated for t in ep.turns] == [False] * (turns - 1) + [terminated]
     assert (ep.terminated, ep.truncated, ep.infra_error) == (terminated, truncated, False)
     assert ep.success is terminated and ep.reward == (1.0 if terminated else 0.0)
+
+
+def test_constrained_actions_are_always_valid_and_exactly_stored(setup):
+    """constrain_actions: every BabyAI reply is one of the valid actions at that turn, in the
+    reply format, stored token for token; the multi_char_share env lists no actions and keeps
+    free generation in the same batch."""
+    import multiturn_env
+
+    engine, fmt = setup
+    fmt = ChatFormatter(fmt.tokenizer, "Action:")
+    seen: dict[int, list[list[str]]] = {}  # task id -> the valid actions listed at each turn
+
+    def make(name, **kw):
+        if name == multiturn_env.NAME:
+            return multiturn_env.MultiTurnCharShare(**kw)
+        env = make_env(name, **kw)
+        orig_reset, orig_list = env.reset, env.valid_actions
+        task: list[int] = []
+
+        def reset(task_id, seed=0):
+            task.append(task_id)
+            return orig_reset(task_id, seed)
+
+        def listed():
+            actions = orig_list()
+            seen.setdefault(task[-1], []).append(list(actions or []))
+            return actions
+        env.reset, env.valid_actions = reset, listed
+        return env
+
+    specs = [EpisodeSpec("babyai", t, 0, f"g{t}", f"b{t}") for t in (0, 1, 40)]
+    specs.append(EpisodeSpec(multiturn_env.NAME, 0, 0, "gm", "m0", {"turns": 2}))
+    settings = RolloutSettings(horizon=4, max_new_tokens=8, stop=["\n"], seed=5, constrain_actions=True)
+    eps = run_episodes(engine, fmt, specs, settings, make)
+    for ep in eps[:3]:
+        assert not ep.infra_error and ep.num_turns >= 1
+        for turn in ep.turns:
+            assert not turn.format_error and not turn.invalid_action, turn
+    assert sorted(seen) == [0, 1, 40]
+    for ep in eps[:3]:
+        replies = [ep.input_ids[i] for i, m in enumerate(ep.loss_mask) if m == 1]
+        said = [fmt.action_reply_ids(t.parsed_action, ["\n"]) for t in ep.turns]
+        assert replies == [tok for ids in said for tok in ids]  # the chosen candidates' ids, exactly
+    for ep in eps[:3]:
+        assert all(t.parsed_action in seen[ep.task_id][k] for k, t in enumerate(ep.turns))
+    free = eps[3]
+    assert free.num_turns == 2 and not free.infra_error and sum(free.loss_mask) > 0
+    again = run_episodes(engine, fmt, specs, settings, make)  # seeded: the same choices
+    assert [[t.action_text for t in e.turns] for e in again] == [[t.action_text for t in e.turns] for e in eps]
