@@ -298,7 +298,7 @@ class HFEngine:
         ``log_softmax(logits / T)``, exactly what ``generate`` would report had it sampled them,
         so the trainer's ratio and the stored tokens mean the same as in free generation.
         Cost: one prefill (kept caches reused as in ``generate``), then per prompt one forward
-        over its candidates after a copy of its keys/values (``CHOICE_CHUNK`` candidates a pass).
+        over the distinct prefixes of its candidates (``_candidate_logprobs``).
         """
         if not prompts:
             return []
@@ -324,35 +324,58 @@ class HFEngine:
         self.generated_tokens += sum(len(s.token_ids) for s in out)
         return out
 
-    #: candidates scored in one forward pass (each needs its own copy of the prompt's keys/values)
-    CHOICE_CHUNK = 16
-
     def _candidate_logprobs(self, kv: list[tuple[torch.Tensor, torch.Tensor]], first: torch.Tensor,
                             cands: list[list[int]], temperature: float) -> list[list[float]]:
         """Per candidate, the log-probs of its tokens after a prompt whose keys/values are ``kv``
-        (per layer (kv_heads, L, head_dim)) and whose next-token log-probs are ``first``."""
+        (per layer (kv_heads, L, head_dim)) and whose next-token log-probs are ``first``.
+
+        The candidates are packed as a token tree (``candidate_tree``: a shared prefix such as
+        " go to" is fed once) into one sequence after the prompt, with a 4-D mask that lets each
+        node see the prompt and its own ancestors only, and position ids by depth -- one forward
+        over the distinct prefixes, without copying the prompt's keys/values per candidate.
+        """
         out = [[float(first[c[0]])] for c in cands]
-        length = kv[0][0].shape[1]
+        tokens, parents, index = candidate_tree(cands)
+        if not tokens:
+            return out
+        length, t = kv[0][0].shape[1], len(tokens)
         device = self.device
-        for lo in range(0, len(cands), self.CHOICE_CHUNK):
-            chunk = cands[lo: lo + self.CHOICE_CHUNK]
-            width = max(len(c) for c in chunk) - 1  # the last token of a candidate is never fed
-            if width == 0:
-                continue
-            k = len(chunk)
-            ids = torch.full((k, width), self.pad_id, dtype=torch.long)
-            for i, c in enumerate(chunk):  # right padding: a pad after a candidate changes nothing before it
-                ids[i, : len(c) - 1] = torch.tensor(c[:-1])
-            data = [(kk.unsqueeze(0).expand(k, -1, -1, -1).contiguous(),
-                     vv.unsqueeze(0).expand(k, -1, -1, -1).contiguous()) for kk, vv in kv]
-            pos = torch.arange(length, length + width).expand(k, -1)
-            attn = torch.ones((k, length + width), dtype=torch.long)
-            logits = self.model(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                position_ids=pos.to(device), use_cache=True, logits_to_keep=0,
-                                **{self._cache_kw: DynamicCache(ddp_cache_data=data)}).logits.float()
-            logp = torch.log_softmax(logits / temperature, dim=-1)
-            self.prefilled_tokens += int(sum(len(c) - 1 for c in chunk))
-            for i, c in enumerate(chunk):
-                for j in range(1, len(c)):
-                    out[lo + i].append(float(logp[i, j - 1, c[j]]))
+        depth = [0] * t
+        allowed = torch.zeros((t, length + t), dtype=torch.bool)
+        allowed[:, :length] = True
+        for i, par in enumerate(parents):  # parents come before children
+            depth[i] = depth[par] + 1 if par >= 0 else 1
+            if par >= 0:
+                allowed[i, length:] = allowed[par, length:]
+            allowed[i, length + i] = True
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros((1, 1, t, length + t), dtype=dtype)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        pos = torch.tensor([[length + d - 1 for d in depth]])
+        data = [(k.unsqueeze(0), v.unsqueeze(0)) for k, v in kv]
+        logits = self.model(input_ids=torch.tensor([tokens], device=device), attention_mask=mask.to(device),
+                            position_ids=pos.to(device), use_cache=True, logits_to_keep=0,
+                            **{self._cache_kw: DynamicCache(ddp_cache_data=data)}).logits[0].float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        self.prefilled_tokens += t
+        for ci, c in enumerate(cands):
+            for j in range(1, len(c)):
+                out[ci].append(float(logp[index[tuple(c[:j])], c[j]]))
         return out
+
+
+def candidate_tree(cands: list[list[int]]) -> tuple[list[int], list[int], dict[tuple[int, ...], int]]:
+    """The distinct proper prefixes of the candidates as a tree, in breadth-first order:
+    (token of each node, index of its parent or -1, node index of each prefix). A node stands for
+    a prefix that some candidate extends, so its logits give that candidate's next token; a
+    candidate's last token is never fed."""
+    index: dict[tuple[int, ...], int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    for d in range(1, max(len(c) for c in cands)):
+        for c in cands:
+            if len(c) > d and tuple(c[:d]) not in index:
+                index[tuple(c[:d])] = len(tokens)
+                tokens.append(c[d - 1])
+                parents.append(index[tuple(c[: d - 1])] if d > 1 else -1)
+    return tokens, parents, index

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.engines import SamplingParams
-from agentgym.engines.hf import HFEngine, _top_p_filter
+from agentgym.engines.hf import HFEngine, _row_kv, _top_p_filter, candidate_tree
 
 
 @pytest.fixture(scope="module")
@@ -163,26 +163,26 @@ def test_choice_logprobs_match_full_forward(engine, temperature):
     (a second implementation, no cache, no batching), and greedy picks the largest."""
     prompts = _prompts(engine)
     cands = _candidates(engine)
-    engine.CHOICE_CHUNK = 2  # several chunks, the last one partial
-    try:
-        with torch.no_grad():
-            first = engine._prefill([prompts[0]], None)[0][0]
-            kv = None
-            for p in prompts:
-                logits, cache, attn, _ = engine._prefill([p], None)
-                from agentgym.engines.hf import _row_kv
-                kv = _row_kv(cache, 0, attn[0])
-                first = torch.log_softmax(logits[0] / temperature, -1)
-                got = engine._candidate_logprobs(kv, first, cands, temperature)
-                for c, lps in zip(cands, got):
-                    ref = _full_logprobs(engine.model, p, c, temperature)
-                    assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref)
-                picked = engine.choose([p], [cands], SamplingParams(greedy=True, temperature=temperature))[0]
-                best = max(range(len(cands)), key=lambda i: sum(got[i]))
-                assert picked.token_ids == cands[best] and picked.finish_reason == "stop"
-                assert picked.logprobs == pytest.approx(got[best], abs=1e-5)
-    finally:
-        engine.CHOICE_CHUNK = type(engine).CHOICE_CHUNK
+    cands.append(cands[2][:3])  # a candidate that is a prefix of another one
+    with torch.no_grad():
+        for p in prompts:
+            logits, cache, attn, _ = engine._prefill([p], None)
+            first = torch.log_softmax(logits[0] / temperature, -1)
+            got = engine._candidate_logprobs(_row_kv(cache, 0, attn[0]), first, cands, temperature)
+            for c, lps in zip(cands, got):
+                ref = _full_logprobs(engine.model, p, c, temperature)
+                assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref)
+            picked = engine.choose([p], [cands], SamplingParams(greedy=True, temperature=temperature))[0]
+            best = max(range(len(cands)), key=lambda i: sum(got[i]))
+            assert picked.token_ids == cands[best] and picked.finish_reason == "stop"
+            assert picked.logprobs == pytest.approx(got[best], abs=1e-5)
+
+
+def test_candidate_tree_feeds_each_shared_prefix_once():
+    tokens, parents, index = candidate_tree([[5, 6, 7], [5, 6, 8, 9], [5, 2], [4]])
+    # proper prefixes: (5,), (5,6), (5,6,8) -- [4] and the last tokens are never fed
+    assert tokens == [5, 6, 8] and parents == [-1, 0, 1]
+    assert index == {(5,): 0, (5, 6): 1, (5, 6, 8): 2}
 
 
 def test_choice_samples_in_proportion_to_likelihood(engine):
