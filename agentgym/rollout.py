@@ -5,6 +5,11 @@ environments concurrently in a thread pool (N episodes whose environment takes L
 cost about L per turn, not N*L). Token-in, token-out: the ids and log-probs the engine sampled
 are stored as they are; template glue and observations are appended as ids with mask 0.
 
+At most ``RolloutSettings.max_live`` episodes play at once (0: all); queued ones start as
+others end, and ``iter_episodes`` yields each episode when it ends, so a caller that writes
+them out (``PolicySession.collect`` with the store's ``EpisodeWriter``) holds a bounded number
+of episodes however many the iteration has. ``run_episodes`` collects them, in spec order.
+
 Episode outcome: reward = sum of step rewards (or the last one, where the adapter reports a
 running score with ``info["reward_is_cumulative"]``), clipped to [0, 1]; each turn's ``reward``
 is its increment, so the turns add up to the outcome. An environment fault

@@ -57,6 +57,17 @@ is decided. So the two tables always come from the same attempt, and a crash bet
 commit files is invisible: ``manifest("turns", ...)`` falls back to the embedded copy, and a
 re-run writes the missing file.
 
+``episode_writer`` streams an iteration instead (``EpisodeWriter``): every ``chunk_episodes``
+episodes are staged as hidden shards as they arrive, and ``commit`` publishes them all and
+creates the same single episodes manifest, so the all-or-nothing rules above hold unchanged
+while the writer's memory does not grow with the iteration. Staged shards left by a killed
+writer are hidden and removed by the iteration's next commit.
+
+Schema evolution: columns are only added (``ADDED_COLUMNS``, read from older files as their
+default); a file whose column type differs from the schema is cast when that is lossless and
+otherwise fails with ``SchemaMismatch`` (column, file, expected and found type, the fix).
+Raw readers of a folder spanning an added column pass ``schema=dataset_schema(table)``.
+
 Precision note: ``old_logprobs``, ``advantages`` and ``returns`` are stored as float32 (the
 contract); they round-trip exactly only as float32 values.
 """
