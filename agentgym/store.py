@@ -1076,6 +1076,14 @@ class EpisodeWriter:
                 for s in shards:
                     st._publish(s)
                     published.append(s)
+        except Exception:
+            self.abort(published)
+            # a concurrent writer that committed first also removes staged shards it does not
+            # list (ours among them): then its commit is the answer, not an error
+            winner = st.manifest("episodes", self.stage, self.iteration)
+            if winner is None:
+                raise
+            return winner
         except BaseException:
             self.abort(published)
             raise
