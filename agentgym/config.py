@@ -140,6 +140,13 @@ class RolloutConfig(_Strict):
         "Applies to training rollouts and held-out evaluation alike. Costs one extra forward per "
         "turn over the candidates. Engine hf only.",
     )
+    max_live_episodes: int = Field(
+        256, ge=1,
+        description="At most this many episodes play at once; when some end, the next ones start "
+        "in their place (each generate batches episodes at different turns). Bounds the rollout's "
+        "memory (token lists, KV caches, open environments) independently of the number of "
+        "episodes per iteration; with fewer episodes than this all play together, as one batch.",
+    )
     max_draws: int = Field(
         1, ge=1,
         description="Dynamic sampling (DAPO / verl filter_groups): when fewer than tasks_per_iteration "
@@ -454,6 +461,12 @@ class StoreConfig(_Strict):
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         description="fsspec options for s3:// (e.g. {client_kwargs: {endpoint_url: ...}}).",
+    )
+    chunk_episodes: int = Field(
+        64, ge=1,
+        description="The rollout writes finished episodes to staged (hidden) shards of this many "
+        "episodes as they end, and commits the iteration once at its end (all-or-nothing), so "
+        "memory does not grow with the number of episodes. Larger: fewer, bigger files.",
     )
 
 

@@ -12,6 +12,7 @@ import random
 import shutil
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from agentgym.chat import ChatFormatter
 from agentgym.config import Estimator, PipelineConfig
 from agentgym.engines import create_engine
 from agentgym.models import resolve_model
-from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
+from agentgym.rollout import EpisodeSpec, RolloutSettings, iter_episodes
 from agentgym.store import TrajectoryStore
 from agentgym.trainer import Trainer, create_trainer
 from agentgym.training import CRITIC_DIR, TrainBatch
@@ -77,7 +78,38 @@ class InfraFailure(RuntimeError):
     """Too many of an iteration's episodes hit infrastructure errors: the setup is broken."""
 
 
-def check_infra_errors(episodes: list[Episode], max_fraction: float, ref: IterationRef) -> None:
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """What the iteration's metrics, dynamic sampling and the infra-error check need of one
+    episode: a few numbers instead of its tokens and turn texts, so a streaming rollout keeps
+    one of these per episode while the episodes themselves go to the store."""
+
+    episode_id: str
+    group_id: str
+    env: str
+    reward: float
+    success: bool
+    infra_error: bool
+    error: str | None
+    num_turns: int
+    format_errors: int
+    invalid_actions: int
+    wasted: int  # turns that were a format error or an invalid action (``is_wasted``)
+
+    @classmethod
+    def of(cls, episode: Episode | EpisodeSummary) -> EpisodeSummary:
+        if isinstance(episode, EpisodeSummary):
+            return episode
+        return cls(episode.episode_id, episode.group_id, episode.env, episode.reward,
+                   episode.success, episode.infra_error, episode.error, episode.num_turns,
+                   sum(t.format_error for t in episode.turns),
+                   sum(t.invalid_action for t in episode.turns), wasted_turns(episode))
+
+
+Episodes = Sequence[Episode | EpisodeSummary]
+
+
+def check_infra_errors(episodes: Episodes, max_fraction: float, ref: IterationRef) -> None:
     """Raise ``InfraFailure`` when more than ``max_fraction`` of ``episodes`` are infra errors
     (all of them, whatever the setting), naming the distinct errors."""
     bad = [e for e in episodes if e.infra_error]
@@ -102,14 +134,14 @@ def wasted_turns(episode: Episode) -> int:
     return sum(1 for t in episode.turns if is_wasted(t))
 
 
-def episode_scores(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> torch.Tensor:
+def episode_scores(episodes: Episodes, invalid_action_penalty: float = 0.0) -> torch.Tensor:
     """(B,) what the estimators compare: the episode reward, minus ``invalid_action_penalty``
     per wasted turn (``algorithm.invalid_action_penalty``)."""
-    return torch.tensor([e.reward - invalid_action_penalty * wasted_turns(e) for e in episodes],
-                        dtype=torch.float32)
+    return torch.tensor([e.reward - invalid_action_penalty * EpisodeSummary.of(e).wasted
+                         for e in episodes], dtype=torch.float32)
 
 
-def tied_episodes(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> list[bool]:
+def tied_episodes(episodes: Episodes, invalid_action_penalty: float = 0.0) -> list[bool]:
     """Per scored episode (infra errors left out, in order): whether its group's scores
     (``episode_scores``) all tie -- no signal for GRPO / RLOO."""
     scored = [e for e in episodes if not e.infra_error]
@@ -119,22 +151,22 @@ def tied_episodes(episodes: list[Episode], invalid_action_penalty: float = 0.0) 
                          [e.group_id for e in scored]).tolist()
 
 
-def informative_groups(episodes: list[Episode], invalid_action_penalty: float = 0.0) -> int:
+def informative_groups(episodes: Episodes, invalid_action_penalty: float = 0.0) -> int:
     """Groups whose scored episodes do not all tie (GRPO / RLOO get a signal from them)."""
     scored = [e for e in episodes if not e.infra_error]
     tied = tied_episodes(scored, invalid_action_penalty)
     return len({e.group_id for e, t in zip(scored, tied) if not t})
 
 
-def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    ok = [e for e in episodes if not e.infra_error]
-    turns = [t for e in ok for t in e.turns]
+def episode_metrics(episodes: Episodes) -> dict[str, float]:
+    ok = [EpisodeSummary.of(e) for e in episodes if not e.infra_error]
+    turns = sum(e.num_turns for e in ok)
     return {
         "reward_mean": float(np.mean([e.reward for e in ok])) if ok else float("nan"),
         "success_rate": float(np.mean([e.success for e in ok])) if ok else float("nan"),
         "turns_per_episode": float(np.mean([e.num_turns for e in ok])) if ok else float("nan"),
-        "format_error_rate": float(np.mean([t.format_error for t in turns])) if turns else float("nan"),
-        "invalid_action_rate": float(np.mean([t.invalid_action for t in turns])) if turns else float("nan"),
+        "format_error_rate": sum(e.format_errors for e in ok) / turns if turns else float("nan"),
+        "invalid_action_rate": sum(e.invalid_actions for e in ok) / turns if turns else float("nan"),
         "infra_error_episodes": float(len(episodes) - len(ok)),
         "episodes": float(len(episodes)),
     }
@@ -182,41 +214,51 @@ class PolicySession:
 
     # -- 1. rollout + store ----------------------------------------------------------------
     def collect(self, ref: IterationRef, horizon: int, on_turn=None) -> dict[str, Any]:
+        """Play the iteration's episodes and commit them to the store, streaming.
+
+        Episodes go to the store's ``EpisodeWriter`` as they end (``store.chunk_episodes`` per
+        staged shard) and at most ``rollout.max_live_episodes`` play at once, so the rollout's
+        memory does not grow with the number of episodes; only an ``EpisodeSummary`` per
+        episode stays for the metrics. The commit is all-or-nothing: an exception (an
+        ``InfraFailure``, a crashed engine) deletes the staged shards and commits nothing.
+        """
         existing = self.store.manifest("episodes", ref.stage, ref.iteration)
         if existing is not None:  # already committed (resume): never roll out twice
-            eps = self.store.read_episodes(ref.stage, ref.iteration)
+            eps = self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)
             return {"rows": existing.rows, "digest": existing.digest, "reused": True, **episode_metrics(eps)}
         t0 = time.perf_counter()
         tokens_before = self.engine.generated_tokens
-        episodes: list[Episode] = []
+        summaries: list[EpisodeSummary] = []
         draws = 0
         wanted = self.cfg.rollout.tasks_per_iteration
         shaping = self.cfg.algorithm.invalid_action_penalty
-        # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once);
-        # a further draw plays only as many tasks as informative groups are still missing
-        while draws < self.cfg.rollout.max_draws:
-            missing = wanted - informative_groups(episodes, shaping) if draws else wanted
-            if missing <= 0:
-                break
-            seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
-            episodes += run_episodes(
-                self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing),
-                self.rollout_settings(horizon, seed=seed), make_env=make_env, on_turn=on_turn,
-            )
-            draws += 1
-        seconds = time.perf_counter() - t0
-        gen = self.engine.generated_tokens - tokens_before
-        check_infra_errors(episodes, self.cfg.rollout.max_infra_error_fraction, ref)
-        manifest = self.store.write_episodes(
-            episodes, stage=ref.stage, iteration=ref.iteration,
-            global_step=ref.global_step, policy_version=self.policy_version,
-        )
+        with self.store.episode_writer(stage=ref.stage, iteration=ref.iteration, global_step=ref.global_step,
+                                       policy_version=self.policy_version,
+                                       chunk_episodes=self.cfg.store.chunk_episodes) as writer:
+            # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once);
+            # a further draw plays only as many tasks as informative groups are still missing
+            while draws < self.cfg.rollout.max_draws:
+                missing = wanted - informative_groups(summaries, shaping) if draws else wanted
+                if missing <= 0:
+                    break
+                seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
+                for ep in iter_episodes(
+                    self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing),
+                    self.rollout_settings(horizon, seed=seed), make_env=make_env, on_turn=on_turn,
+                ):
+                    writer.add(ep)
+                    summaries.append(EpisodeSummary.of(ep))
+                draws += 1
+            seconds = time.perf_counter() - t0
+            gen = self.engine.generated_tokens - tokens_before
+            check_infra_errors(summaries, self.cfg.rollout.max_infra_error_fraction, ref)
+            manifest = writer.commit()
         return {
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
             "gen_tokens_per_s": gen / seconds if seconds > 0 else float("nan"),
-            "sampling_draws": float(draws), "informative_groups": float(informative_groups(episodes, shaping)),
-            **episode_metrics(episodes),
+            "sampling_draws": float(draws), "informative_groups": float(informative_groups(summaries, shaping)),
+            **episode_metrics(summaries),
         }
 
     # -- 2. advantages ---------------------------------------------------------------------
@@ -230,7 +272,8 @@ class PolicySession:
         existing = self.store.manifest("advantages", ref.stage, ref.iteration)
         if existing is not None:
             return {"rows": existing.rows, "digest": existing.digest, "reused": True}
-        episodes = [e for e in self.store.read_episodes(ref.stage, ref.iteration) if not e.infra_error]
+        episodes = [e for e in self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)
+                    if not e.infra_error]
         if not episodes:
             manifest = self.store.write_advantages([], stage=ref.stage, iteration=ref.iteration,
                                                    estimator=algo.estimator.value)
@@ -329,7 +372,7 @@ class PolicySession:
     # -- 3. update + weight sync -----------------------------------------------------------
     def update(self, ref: IterationRef) -> dict[str, Any]:
         algo = self.cfg.algorithm
-        episodes = {e.episode_id: e for e in self.store.read_episodes(ref.stage, ref.iteration)}
+        episodes = {e.episode_id: e for e in self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)}
         adv = self.store.read_table("advantages", stage=ref.stage, iteration=ref.iteration)
         old_values = self._old_values.pop((ref.stage, ref.iteration), None)
         critic = algo.critic.model != "none"

@@ -5,6 +5,11 @@ environments concurrently in a thread pool (N episodes whose environment takes L
 cost about L per turn, not N*L). Token-in, token-out: the ids and log-probs the engine sampled
 are stored as they are; template glue and observations are appended as ids with mask 0.
 
+At most ``RolloutSettings.max_live`` episodes play at once (0: all); queued ones start as
+others end, and ``iter_episodes`` yields each episode when it ends, so a caller that writes
+them out (``PolicySession.collect`` with the store's ``EpisodeWriter``) holds a bounded number
+of episodes however many the iteration has. ``run_episodes`` collects them, in spec order.
+
 Episode outcome: reward = sum of step rewards (or the last one, where the adapter reports a
 running score with ``info["reward_is_cumulative"]``), clipped to [0, 1]; each turn's ``reward``
 is its increment, so the turns add up to the outcome. An environment fault
@@ -21,7 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +62,9 @@ class RolloutSettings:
     env_workers: int = 16
     seed: int = 0
     system_prompt: str | None = None
+    # At most this many episodes play at once (0: all); bounds the rollout's memory (token
+    # lists, KV caches, open environments) when iterations have many episodes.
+    max_live: int = 0
     constrain_actions: bool = False
 
     @classmethod
@@ -66,7 +75,7 @@ class RolloutSettings:
             horizon=horizon, max_new_tokens=r.max_new_tokens, max_context_tokens=r.max_context_tokens,
             temperature=r.temperature, top_p=r.top_p, greedy=greedy, stop=list(r.stop),
             env_workers=r.env_workers, seed=seed, system_prompt=cfg.system_prompt,
-            constrain_actions=r.constrain_actions,
+            max_live=r.max_live_episodes, constrain_actions=r.constrain_actions,
         )
 
 
@@ -76,6 +85,8 @@ class _Live:
     env: TextEnv | None
     observation: str = ""
     done: bool = False
+    index: int = 0  # position in the specs
+    turn: int = 0  # turns taken so far
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -101,106 +112,165 @@ def run_episodes(
     make_env: Callable[..., TextEnv],
     on_turn: Callable[[int, int], None] | None = None,
 ) -> list[Episode]:
-    """Play every episode in ``specs`` to termination, the horizon or the context limit."""
-    lives = [
-        _Live(Episode(s.episode_id, s.group_id, s.env, s.task_id, s.seed, settings.horizon), None)
-        for s in specs
-    ]
-    workers = max(1, min(settings.env_workers, len(specs)))
+    """Play every episode in ``specs`` to termination, the horizon or the context limit;
+    returns them in ``specs`` order (all held in memory: ``iter_episodes`` streams them)."""
+    done = sorted(_play(engine, formatter, specs, settings, make_env, on_turn), key=lambda x: x[0])
+    return [ep for _, ep in done]
+
+
+def iter_episodes(
+    engine: InferenceEngine,
+    formatter: ChatFormatter,
+    specs: list[EpisodeSpec],
+    settings: RolloutSettings,
+    make_env: Callable[..., TextEnv],
+    on_turn: Callable[[int, int], None] | None = None,
+) -> Iterator[Episode]:
+    """Play ``specs`` like ``run_episodes`` but yield each episode as soon as it ends (in the
+    order they end), so a caller that writes them out holds at most ``settings.max_live``
+    playing episodes plus what it buffers itself."""
+    for _, ep in _play(engine, formatter, specs, settings, make_env, on_turn):
+        yield ep
+
+
+def _play(
+    engine: InferenceEngine,
+    formatter: ChatFormatter,
+    specs: list[EpisodeSpec],
+    settings: RolloutSettings,
+    make_env: Callable[..., TextEnv],
+    on_turn: Callable[[int, int], None] | None,
+) -> Iterator[tuple[int, Episode]]:
+    """The loop: (spec index, episode) as each episode ends.
+
+    At most ``settings.max_live`` episodes (0: all) play at once; when some end, queued specs
+    start in their place, so each ``generate`` batches episodes that may be at different turns.
+    Call k of ``generate`` samples with ``turn_seed(seed, k)``: with every episode live at once
+    (the default for small iterations) call k is turn k, as before the cap existed.
+    """
+    queue = deque(range(len(specs)))
+    cap = settings.max_live or len(specs)
+    live: list[_Live] = []
+    workers = max(1, min(settings.env_workers, cap, len(specs)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env") as pool:
-
-        def start(i: int) -> tuple[Any, str | None]:
-            spec = specs[i]
-
-            def _open() -> tuple[TextEnv, str, dict]:
-                env = make_env(spec.env, **spec.env_kwargs)
-                lives[i].env = env
-                obs, info = env.reset(spec.task_id, spec.seed)
-                return env, obs, info
-
-            return _safe(_open)
-
-        for live, (res, err) in zip(lives, pool.map(start, range(len(specs)))):
-            if err:
-                _fail(live, err)
-                continue
-            env, obs, _ = res
-            system = settings.system_prompt if settings.system_prompt is not None else env.system_prompt()
-            live.ep.append(formatter.start(system or None, obs), sampled=False)
-            live.observation = obs
-
         try:
-            for turn in range(settings.horizon):
-                active = [lv for lv in lives if not lv.done]
-                if not active:
-                    break
-                fits = []
-                for lv in active:
-                    if len(lv.ep.input_ids) + settings.max_new_tokens > settings.max_context_tokens:
-                        lv.ep.truncated = True  # the first prompt leaves no room for a reply
-                        lv.done = True
-                    else:
-                        fits.append(lv)
-                if not fits:
-                    break
-                params = SamplingParams(
-                    max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                    top_p=settings.top_p, greedy=settings.greedy,
-                    stop_token_ids=formatter.end_of_turn_ids, stop_strings=list(settings.stop),
-                    seed=turn_seed(settings.seed, turn),
-                )
-                choices: list[list[list[int]] | None] = [None] * len(fits)
-                if settings.constrain_actions:
-                    listed = list(pool.map(lambda lv: _safe(lv.env.valid_actions), fits))  # type: ignore[union-attr]
-                    for lv, (_, err) in zip(fits, listed):
-                        if err:
-                            _fail(lv, err)
-                    keep = [j for j, (_, err) in enumerate(listed) if not err]
-                    fits = [fits[j] for j in keep]
-                    choices = [[formatter.action_reply_ids(a, settings.stop) for a in listed[j][0]]
-                               if listed[j][0] else None for j in keep]
-                samples = _replies(engine, fits, choices, params)
-                replies = []
-                for lv, sample in zip(fits, samples):
-                    lv.ep.append(sample.token_ids, sampled=True, logprobs=sample.logprobs)
-                    replies.append(formatter.reply_text(sample.token_ids))
-
-                def step(j: int) -> tuple[tuple[StepResult, float] | None, str | None]:
-                    t0 = time.perf_counter()
-                    res, err = _safe(lambda: fits[j].env.step(replies[j]))  # type: ignore[union-attr]
-                    return (res, (time.perf_counter() - t0) * 1000.0) if res else None, err
-
-                for j, (out, err) in enumerate(pool.map(step, range(len(fits)))):
-                    lv = fits[j]
-                    if err:
-                        _fail(lv, err)
-                        continue
-                    res, latency = out
-                    if record_step(lv.ep, turn, settings.horizon, lv.observation, replies[j], res,
-                                   gen_tokens=len(samples[j].token_ids), latency_ms=latency):
-                        lv.done = True
-                        continue
-                    glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
-                    if len(lv.ep.input_ids) + len(glue) + settings.max_new_tokens > settings.max_context_tokens:
-                        # no room for the next observation and a reply: cut here, like the horizon
-                        lv.ep.truncated = lv.ep.turns[-1].truncated = True
-                        lv.done = True
-                        continue
-                    lv.ep.append(glue, sampled=False)
-                    lv.observation = res.observation
-                engine.release(lv.ep.episode_id for lv in fits if lv.done)
-                if on_turn:
-                    on_turn(turn, len(fits))
-        finally:
-            engine.release(lv.ep.episode_id for lv in lives)
-            for lv in lives:
+            call = 0
+            while queue or live:
+                starting = [queue.popleft() for _ in range(min(cap - len(live), len(queue)))]
+                live += _start_episodes(pool, formatter, specs, starting, settings, make_env)
+                fits = _ready(live, settings)
+                if fits:
+                    _play_turn(engine, formatter, pool, fits, settings, call)
+                    engine.release(lv.ep.episode_id for lv in fits if lv.done)
+                    if on_turn:
+                        on_turn(call, len(fits))
+                    call += 1
+                ended = [lv for lv in live if lv.done]
+                live = [lv for lv in live if not lv.done]
+                for lv in ended:
+                    yield lv.index, _finish(lv)
+        finally:  # also when the consumer stops early or raises: no env or cache left behind
+            engine.release(lv.ep.episode_id for lv in live)
+            for lv in live:
                 if lv.env is not None:
                     _safe(lv.env.close)
-    for lv in lives:
-        if not lv.ep.infra_error and lv.ep.reward >= 1.0:
-            lv.ep.success = True
-        lv.ep.validate()
-    return [lv.ep for lv in lives]
+
+
+def _start_episodes(pool: ThreadPoolExecutor, formatter: ChatFormatter, specs: list[EpisodeSpec],
+                    indices: list[int], settings: RolloutSettings,
+                    make_env: Callable[..., TextEnv]) -> list[_Live]:
+    """Create and reset the environments of ``specs[indices]`` concurrently; each becomes a
+    live episode holding its first prompt (or an infra error, already done)."""
+    lives = [_Live(Episode(specs[i].episode_id, specs[i].group_id, specs[i].env, specs[i].task_id,
+                           specs[i].seed, settings.horizon), None, index=i) for i in indices]
+
+    def start(lv: _Live) -> tuple[Any, str | None]:
+        spec = specs[lv.index]
+
+        def _open() -> tuple[TextEnv, str, dict]:
+            env = make_env(spec.env, **spec.env_kwargs)
+            lv.env = env
+            obs, info = env.reset(spec.task_id, spec.seed)
+            return env, obs, info
+
+        return _safe(_open)
+
+    for lv, (res, err) in zip(lives, pool.map(start, lives)):
+        if err:
+            _fail(lv, err)
+            continue
+        env, obs, _ = res
+        system = settings.system_prompt if settings.system_prompt is not None else env.system_prompt()
+        lv.ep.append(formatter.start(system or None, obs), sampled=False)
+        lv.observation = obs
+    return lives
+
+
+def _ready(live: list[_Live], settings: RolloutSettings) -> list[_Live]:
+    """The live episodes that take a turn now; one whose prompt leaves no room for a reply is
+    truncated (done) instead."""
+    fits = []
+    for lv in live:
+        if lv.done:
+            continue
+        if len(lv.ep.input_ids) + settings.max_new_tokens > settings.max_context_tokens:
+            lv.ep.truncated = True  # the first prompt leaves no room for a reply
+            lv.done = True
+        else:
+            fits.append(lv)
+    return fits
+
+
+def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPoolExecutor,
+               fits: list[_Live], settings: RolloutSettings, call: int) -> None:
+    """One batched reply over ``fits`` (``generate``, or ``choose`` among the valid actions with
+    ``constrain_actions``), then their environment steps, concurrently."""
+    params = SamplingParams(
+        max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+        top_p=settings.top_p, greedy=settings.greedy,
+        stop_token_ids=formatter.end_of_turn_ids, stop_strings=list(settings.stop),
+        seed=turn_seed(settings.seed, call),
+    )
+    choices: list[list[list[int]] | None] = [None] * len(fits)
+    if settings.constrain_actions:
+        listed = list(pool.map(lambda lv: _safe(lv.env.valid_actions), fits))  # type: ignore[union-attr]
+        for lv, (_, err) in zip(fits, listed):
+            if err:
+                _fail(lv, err)
+        keep = [j for j, (_, err) in enumerate(listed) if not err]
+        fits = [fits[j] for j in keep]
+        choices = [[formatter.action_reply_ids(a, settings.stop) for a in listed[j][0]]
+                   if listed[j][0] else None for j in keep]
+    samples = _replies(engine, fits, choices, params)
+    replies = []
+    for lv, sample in zip(fits, samples):
+        lv.ep.append(sample.token_ids, sampled=True, logprobs=sample.logprobs)
+        replies.append(formatter.reply_text(sample.token_ids))
+
+    def step(j: int) -> tuple[tuple[StepResult, float] | None, str | None]:
+        t0 = time.perf_counter()
+        res, err = _safe(lambda: fits[j].env.step(replies[j]))  # type: ignore[union-attr]
+        return (res, (time.perf_counter() - t0) * 1000.0) if res else None, err
+
+    for j, (out, err) in enumerate(pool.map(step, range(len(fits)))):
+        lv = fits[j]
+        turn, lv.turn = lv.turn, lv.turn + 1
+        if err:
+            _fail(lv, err)
+            continue
+        res, latency = out
+        if record_step(lv.ep, turn, settings.horizon, lv.observation, replies[j], res,
+                       gen_tokens=len(samples[j].token_ids), latency_ms=latency):
+            lv.done = True
+            continue
+        glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
+        if len(lv.ep.input_ids) + len(glue) + settings.max_new_tokens > settings.max_context_tokens:
+            # no room for the next observation and a reply: cut here, like the horizon
+            lv.ep.truncated = lv.ep.turns[-1].truncated = True
+            lv.done = True
+            continue
+        lv.ep.append(glue, sampled=False)
+        lv.observation = res.observation
 
 
 def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list[int]] | None],
@@ -221,6 +291,17 @@ def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list
         for j, sample in zip(chosen, got):
             out[j] = sample
     return out
+
+
+def _finish(lv: _Live) -> Episode:
+    """Close an ended episode's environment and settle its success flag."""
+    if lv.env is not None:
+        _safe(lv.env.close)
+        lv.env = None
+    if not lv.ep.infra_error and lv.ep.reward >= 1.0:
+        lv.ep.success = True
+    lv.ep.validate()
+    return lv.ep
 
 
 def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: str, res: StepResult, *,

@@ -57,6 +57,17 @@ is decided. So the two tables always come from the same attempt, and a crash bet
 commit files is invisible: ``manifest("turns", ...)`` falls back to the embedded copy, and a
 re-run writes the missing file.
 
+``episode_writer`` streams an iteration instead (``EpisodeWriter``): every ``chunk_episodes``
+episodes are staged as hidden shards as they arrive, and ``commit`` publishes them all and
+creates the same single episodes manifest, so the all-or-nothing rules above hold unchanged
+while the writer's memory does not grow with the iteration. Staged shards left by a killed
+writer are hidden and removed by the iteration's next commit.
+
+Schema evolution: columns are only added (``ADDED_COLUMNS``, read from older files as their
+default); a file whose column type differs from the schema is cast when that is lossless and
+otherwise fails with ``SchemaMismatch`` (column, file, expected and found type, the fix).
+Raw readers of a folder spanning an added column pass ``schema=dataset_schema(table)``.
+
 Precision note: ``old_logprobs``, ``advantages`` and ``returns`` are stored as float32 (the
 contract); they round-trip exactly only as float32 values.
 """
@@ -92,6 +103,8 @@ __all__ = [
     "TRAIN_BATCH_SCHEMA",
     "TURNS_SCHEMA",
     "CommitManifest",
+    "EpisodeWriter",
+    "SchemaMismatch",
     "StoreError",
     "TrajectoryStore",
     "physical_schema",
@@ -101,6 +114,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 PARTITION_KEYS = ("stage", "iteration")
+# Hidden name of a shard written but not yet published (pandas/pyarrow skip "." and "_" names).
+STAGED_PREFIX = ".tmp-"
 
 
 def _f(name: str, typ: pa.DataType, nullable: bool = False) -> pa.Field:
@@ -194,6 +209,9 @@ TRAIN_BATCH_SCHEMA = pa.schema(
     ]
 )
 
+# The turns table's text columns: what ``read_episodes(turn_text=False)`` leaves out.
+TURN_TEXT = ("observation", "action_text", "parsed_action")
+
 SCHEMAS: dict[str, pa.Schema] = {
     "episodes": EPISODES_SCHEMA,
     "turns": TURNS_SCHEMA,
@@ -216,6 +234,22 @@ def physical_schema(table: str) -> pa.Schema:
 class StoreError(RuntimeError):
     """The store's contents are not what a manifest promised (corrupt manifest, missing file,
     digest or row-count mismatch)."""
+
+
+class SchemaMismatch(StoreError):
+    """A committed shard holds a column whose type differs from the table's schema and cannot
+    be converted without loss (the schema only evolves by adding columns)."""
+
+
+@dataclass(frozen=True)
+class StagedShard:
+    """A shard written under its hidden name, not yet published or committed."""
+
+    tmp: str  # fs path of the hidden file
+    rel: str  # its published path, relative to the run's folder
+    sha256: str
+    rows: int
+    nbytes: int
 
 
 def _check_table(table: str) -> str:
@@ -327,6 +361,17 @@ class TrajectoryStore:
         """The table directory, usable by pandas/pyarrow (pass ``storage_options`` for s3)."""
         return self._url(f"{self._base}/{_check_table(table)}")
 
+    @staticmethod
+    def dataset_schema(table: str) -> pa.Schema:
+        """The schema to give raw readers of a table folder that spans a schema change:
+        ``pd.read_parquet(store.path("turns"), schema=store.dataset_schema("turns"))``.
+
+        Why: pyarrow takes a folder's schema from its first file, so a column added after that
+        file was written (``ADDED_COLUMNS``) is silently dropped for every row. With this schema
+        every column is read, as null where a file lacks it, and ``stage`` / ``iteration`` come
+        back as int32."""
+        return SCHEMAS[_check_table(table)]
+
     def _url(self, fs_path: str) -> str:
         return fs_path if self._local else self.fs.unstrip_protocol(fs_path)
 
@@ -362,42 +407,34 @@ class TrajectoryStore:
         """Write the ``episodes`` and ``turns`` tables of one iteration and commit both.
 
         Returns the episodes manifest (its ``extra["turns"]`` holds the turns manifest). If the
-        iteration is already committed, returns the existing manifest and writes nothing.
+        iteration is already committed, returns the existing manifest and writes nothing. All
+        episodes go into one shard per table; ``episode_writer`` streams them in chunks instead.
         """
-        stage, iteration = int(stage), int(iteration)
-        created_at = _now()
-        ep_table, turn_table = self._episode_tables(
-            episodes, stage, iteration, int(global_step), int(policy_version), created_at
-        )
         existing = self.manifest("episodes", stage, iteration)
         if existing is not None:
             log.info("episodes %s-%s already committed; returning it", stage, iteration)
             self._ensure_turns_commit(existing)
             return existing
+        with self.episode_writer(stage=stage, iteration=iteration, global_step=global_step,
+                                 policy_version=policy_version,
+                                 chunk_episodes=max(1, len(episodes))) as writer:
+            writer.extend(episodes)
+            return writer.commit()
 
-        writer = self._writer()
-        stamp = created_at.isoformat()
-        ep_file, ep_sha = self._write_shard("episodes", stage, iteration, ep_table)
-        tu_file, tu_sha = self._write_shard("turns", stage, iteration, turn_table)
-        turns_m = self._new_manifest(
-            "turns", stage, iteration, turn_table.num_rows, [tu_file], [tu_sha], writer, stamp
-        )
-        turns_m.extra = {"committed_with": "episodes"}
-        ep_m = self._new_manifest(
-            "episodes", stage, iteration, ep_table.num_rows, [ep_file], [ep_sha], writer, stamp
-        )
-        ep_m.extra = {
-            "global_step": int(global_step),
-            "policy_version": int(policy_version),
-            "turns": turns_m.to_dict(),
-        }
-        winner = self._commit(ep_m)
-        self._ensure_turns_commit(winner)
-        if winner is not ep_m:
-            self._delete_quietly([self._abs(ep_file), self._abs(tu_file)])
-        self._gc_partition(winner)
-        self._gc_partition(CommitManifest.from_dict(winner.extra["turns"]))
-        return winner
+    def episode_writer(
+        self,
+        *,
+        stage: int,
+        iteration: int,
+        global_step: int,
+        policy_version: int,
+        chunk_episodes: int = 64,
+    ) -> EpisodeWriter:
+        """A streaming writer for one iteration's episodes: ``add`` them as they finish, every
+        ``chunk_episodes`` go to hidden staged shards, ``commit`` publishes all of them in one
+        commit (use it as a context manager: leaving it without a commit deletes the shards)."""
+        return EpisodeWriter(self, int(stage), int(iteration), int(global_step),
+                             int(policy_version), int(chunk_episodes))
 
     def write_advantages(
         self, rows: list[dict], *, stage: int, iteration: int, estimator: str
@@ -464,8 +501,11 @@ class TrajectoryStore:
         global_step: int,
         policy_version: int,
         created_at: _dt.datetime,
+        seen: set[str] | None = None,
     ) -> tuple[pa.Table, pa.Table]:
-        seen: set[str] = set()
+        """The two tables of ``episodes``, validated; ``seen`` (episode ids of earlier chunks of
+        the same write, updated here) makes a duplicate across chunks an error too."""
+        seen = set() if seen is None else seen
         for ep in episodes:
             if not isinstance(ep, Episode):
                 raise ValueError(f"expected Episode, got {type(ep).__name__}")
@@ -587,6 +627,14 @@ class TrajectoryStore:
     def _write_shard(
         self, table: str, stage: int, iteration: int, data: pa.Table
     ) -> tuple[str, str]:
+        """Stage ``data`` and publish it at once; returns (relative path, sha256)."""
+        staged = self._stage_shard(table, stage, iteration, data)
+        self._publish(staged)
+        return staged.rel, staged.sha256
+
+    def _stage_shard(self, table: str, stage: int, iteration: int, data: pa.Table) -> StagedShard:
+        """Serialise ``data`` and write it under a hidden name (``.tmp-{uuid}.parquet``, which
+        pandas/pyarrow ignore) in its partition; ``_publish`` renames it to ``part-{uuid}``."""
         buf = io.BytesIO()
         pq.write_table(data, buf, compression="zstd")
         payload = buf.getvalue()
@@ -594,15 +642,22 @@ class TrajectoryStore:
         rel_dir = self._partition_rel(table, stage, iteration)
         fs_dir = self._abs(rel_dir)
         self._mkdirs(fs_dir)
-        tmp = f"{fs_dir}/.tmp-{part}.parquet"
-        final_rel = f"{rel_dir}/part-{part}.parquet"
-        self.fs.pipe_file(tmp, payload)
+        tmp = f"{fs_dir}/{STAGED_PREFIX}{part}.parquet"
         try:
-            self.fs.mv(tmp, self._abs(final_rel))
+            self.fs.pipe_file(tmp, payload)
         except BaseException:
             self._delete_quietly([tmp])
             raise
-        return final_rel, _sha256(payload)
+        return StagedShard(tmp, f"{rel_dir}/part-{part}.parquet", _sha256(payload),
+                           data.num_rows, len(payload))
+
+    def _publish(self, staged: StagedShard) -> None:
+        """Rename a staged shard to its ``part-`` name (visible to raw readers from now on)."""
+        try:
+            self.fs.mv(staged.tmp, self._abs(staged.rel))
+        except BaseException:
+            self._delete_quietly([staged.tmp])
+            raise
 
     def _new_manifest(
         self,
@@ -718,9 +773,12 @@ class TrajectoryStore:
         except FileNotFoundError:
             return
         keep = {self._abs(f) for f in m.files}
+        # part-* not in the manifest: a writer killed between rename and commit, or a losing
+        # concurrent writer; .tmp-* (staged, hidden): a streaming writer killed mid-iteration.
+        # Once the commit is decided neither can ever become part of it.
         stray = [
             p for p in names
-            if p.rsplit("/", 1)[-1].startswith("part-") and p.rstrip("/") not in keep
+            if p.rsplit("/", 1)[-1].startswith(("part-", STAGED_PREFIX)) and p.rstrip("/") not in keep
         ]
         if stray:
             log.warning("removing %d uncommitted shard(s) from %s", len(stray), fs_dir)
@@ -847,7 +905,7 @@ class TrajectoryStore:
                         f"{m.stage}-{m.iteration}): the file changed after it was committed"
                     )
                 try:
-                    t = _read_parquet(data, file_cols, table)
+                    t = _read_parquet(data, file_cols, table, self._url(path))
                 except (pa.ArrowException, OSError) as e:
                     raise StoreError(f"unreadable Parquet file {self._url(path)}: {e}") from e
                 got.append(t)
@@ -900,16 +958,24 @@ class TrajectoryStore:
         t = self.read_arrow(table, stage=stage, iteration=iteration, columns=columns, verify=verify)
         return t.to_pandas()
 
-    def read_episodes(self, stage: int, iteration: int) -> list[Episode]:
-        """The episodes of one committed iteration, with their turns, in written order."""
+    def read_episodes(self, stage: int, iteration: int, *, turn_text: bool = True) -> list[Episode]:
+        """The episodes of one committed iteration, with their turns, in written order.
+
+        ``turn_text=False`` does not read the turns' text columns (observation, action text,
+        parsed action: most of the turns table's bytes); those fields come back empty. The
+        numeric steps (metrics, advantages, the update) need only the tokens and turn flags.
+        """
         t = self.read_arrow("episodes", stage=stage, iteration=iteration)
         turns: dict[str, list[Turn]] = {}
         if len(t):
-            tt = self.read_arrow("turns", stage=stage, iteration=iteration)
             turn_fields = [f.name for f in fields(Turn)]
-            for r in tt.select(["episode_id", *turn_fields]).to_pylist():
+            read = turn_fields if turn_text else [c for c in turn_fields if c not in TURN_TEXT]
+            tt = self.read_arrow("turns", stage=stage, iteration=iteration,
+                                 columns=["episode_id", *read])
+            blank = {} if turn_text else {"observation": "", "action_text": "", "parsed_action": None}
+            for r in tt.to_pylist():
                 eid = r.pop("episode_id")
-                turns.setdefault(eid, []).append(Turn(**r))
+                turns.setdefault(eid, []).append(Turn(**r, **blank))
             for lst in turns.values():
                 lst.sort(key=lambda x: x.turn)
         ep_fields = [f.name for f in fields(Episode) if f.name != "turns"]
@@ -919,21 +985,238 @@ class TrajectoryStore:
         return out
 
 
-def _read_parquet(data: bytes, columns: list[str], table: str) -> pa.Table:
-    """``columns`` of one Parquet file; columns added to ``table``'s schema after the file was
-    written (``ADDED_COLUMNS``) are filled with their default."""
-    added = ADDED_COLUMNS.get(table, {})
-    if not any(c in added for c in columns):
-        return pq.read_table(pa.BufferReader(data), columns=columns)
-    present = set(pq.read_schema(pa.BufferReader(data)).names)
-    t = pq.read_table(pa.BufferReader(data), columns=[c for c in columns if c in present])
+class EpisodeWriter:
+    """Streams one iteration's episodes to the store in chunks, committed all-or-nothing.
+
+    Why: a rollout used to hold every episode of an iteration until one ``write_episodes`` at
+    the end, so its memory grew with the number of episodes. Here each ``chunk_episodes``
+    episodes become one staged (hidden) shard per table as soon as they are added, and only
+    small bookkeeping (the staged shards' names and hashes, the episode ids for the duplicate
+    check) stays in memory.
+
+    All-or-nothing: nothing is visible before ``commit``. Staged shards have hidden names
+    (``.tmp-*``), which pandas/pyarrow skip and no manifest lists; ``commit`` renames them to
+    ``part-*`` and creates the one episodes manifest (with the turns manifest embedded), exactly
+    as ``write_episodes`` does for a single shard. An exception before the commit (leaving the
+    ``with`` block, or ``abort``) deletes the staged shards; a process killed mid-iteration
+    leaves hidden files only, which the next commit of that iteration deletes
+    (``_gc_partition``). If the iteration was committed meanwhile, ``commit`` returns that
+    manifest and deletes its own shards, like ``write_episodes``.
+    """
+
+    def __init__(self, store: TrajectoryStore, stage: int, iteration: int, global_step: int,
+                 policy_version: int, chunk_episodes: int):
+        if chunk_episodes < 1:
+            raise ValueError(f"chunk_episodes must be >= 1, got {chunk_episodes}")
+        self.store = store
+        self.stage, self.iteration = stage, iteration
+        self.global_step, self.policy_version = global_step, policy_version
+        self.chunk_episodes = chunk_episodes
+        self.created_at = _now()  # one timestamp for the whole iteration, as one write had
+        self._buffer: list[Episode] = []
+        self._seen: set[str] = set()
+        self._staged: dict[str, list[StagedShard]] = {"episodes": [], "turns": []}
+        self._state = "open"  # open -> committed | aborted
+
+    # -- adding
+    def add(self, episode: Episode) -> None:
+        """Buffer one finished episode; a full chunk is written out (staged) at once."""
+        self._check_open()
+        self._buffer.append(episode)
+        if len(self._buffer) >= self.chunk_episodes:
+            self.flush()
+
+    def extend(self, episodes: Iterable[Episode]) -> None:
+        for ep in episodes:
+            self.add(ep)
+
+    def flush(self) -> None:
+        """Stage the buffered episodes (one shard per table), validated first."""
+        self._check_open()
+        if self._buffer:
+            self._stage(self._buffer)
+            self._buffer = []
+
+    def _stage(self, episodes: list[Episode]) -> None:
+        ep_table, turn_table = self.store._episode_tables(
+            episodes, self.stage, self.iteration, self.global_step, self.policy_version,
+            self.created_at, seen=self._seen,
+        )
+        for name, data in (("episodes", ep_table), ("turns", turn_table)):
+            self._staged[name].append(self.store._stage_shard(name, self.stage, self.iteration, data))
+
+    @property
+    def rows(self) -> int:
+        """Episodes added so far (staged or buffered)."""
+        return sum(s.rows for s in self._staged["episodes"]) + len(self._buffer)
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes written to staged shards so far (both tables)."""
+        return sum(s.nbytes for shards in self._staged.values() for s in shards)
+
+    # -- ending
+    def commit(self) -> CommitManifest:
+        """Publish every staged shard and commit the iteration once; returns the episodes
+        manifest that won (another writer's, if the iteration was committed first)."""
+        self._check_open()
+        self.flush()
+        if not self._staged["episodes"]:
+            self._stage([])  # an empty iteration still gets its (empty) shards and commit
+        st = self.store
+        existing = st.manifest("episodes", self.stage, self.iteration)
+        if existing is not None:
+            log.info("episodes %s-%s already committed; keeping it", self.stage, self.iteration)
+            self.abort()
+            st._ensure_turns_commit(existing)
+            return existing
+        published: list[StagedShard] = []
+        try:
+            for shards in self._staged.values():
+                for s in shards:
+                    st._publish(s)
+                    published.append(s)
+        except Exception:
+            self.abort(published)
+            # a concurrent writer that committed first also removes staged shards it does not
+            # list (ours among them): then its commit is the answer, not an error
+            winner = st.manifest("episodes", self.stage, self.iteration)
+            if winner is None:
+                raise
+            return winner
+        except BaseException:
+            self.abort(published)
+            raise
+        mine = self._manifest()
+        winner = st._commit(mine)
+        self._state = "committed"
+        st._ensure_turns_commit(winner)
+        if winner is not mine:  # committed concurrently: ours is not listed anywhere
+            st._delete_quietly([st._abs(s.rel) for s in published])
+        st._gc_partition(winner)
+        st._gc_partition(CommitManifest.from_dict(winner.extra["turns"]))
+        return winner
+
+    def _manifest(self) -> CommitManifest:
+        """The episodes manifest over the staged shards, the turns manifest embedded."""
+        writer, stamp = self.store._writer(), self.created_at.isoformat()
+
+        def manifest(name: str) -> CommitManifest:
+            shards = self._staged[name]
+            return self.store._new_manifest(
+                name, self.stage, self.iteration, sum(s.rows for s in shards),
+                [s.rel for s in shards], [s.sha256 for s in shards], writer, stamp,
+            )
+
+        turns_m = manifest("turns")
+        turns_m.extra = {"committed_with": "episodes"}
+        ep_m = manifest("episodes")
+        ep_m.extra = {"global_step": self.global_step, "policy_version": self.policy_version,
+                      "chunks": len(self._staged["episodes"]), "turns": turns_m.to_dict()}
+        return ep_m
+
+    def abort(self, published: list[StagedShard] | None = None) -> None:
+        """Delete every shard this writer wrote (staged, or already renamed: ``published``);
+        nothing of it was committed. Safe to call twice."""
+        if self._state == "committed":
+            return
+        renamed = {id(s) for s in published or []}
+        paths = [self.store._abs(s.rel) if id(s) in renamed else s.tmp
+                 for shards in self._staged.values() for s in shards]
+        self.store._delete_quietly(paths)
+        self._staged = {"episodes": [], "turns": []}
+        self._buffer = []
+        self._state = "aborted"
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise RuntimeError(f"episode writer for {self.stage}-{self.iteration} is {self._state}")
+
+    def __enter__(self) -> EpisodeWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # An exception, or leaving without commit(): nothing may stay behind.
+        if self._state == "open":
+            self.abort()
+
+
+def _read_parquet(data: bytes, columns: list[str], table: str, source: str = "<bytes>") -> pa.Table:
+    """``columns`` of one Parquet file (``source`` names it in errors), typed as ``table``'s
+    schema says.
+
+    Schema evolution has two rules. Columns added to the schema after the file was written
+    (``ADDED_COLUMNS``) read as their default. A column whose type in the file differs from
+    the schema is converted when no value can change (``_lossless``: a wider integer or float,
+    string <-> large_string, ...); any other difference raises ``SchemaMismatch``, naming the
+    column, the file, both types and the fix: a reader must never reinterpret values silently.
+    """
+    pf = pq.ParquetFile(pa.BufferReader(data))
+    found = pf.schema_arrow
     schema = SCHEMAS[table]
+    added = ADDED_COLUMNS.get(table, {})
     for c in columns:
-        if c not in present:
-            if c not in added:
-                raise pa.ArrowInvalid(f"column {c!r} is missing from the file")
-            t = t.append_column(schema.field(c), pa.array([added[c]] * t.num_rows, schema.field(c).type))
+        if c not in found.names and c not in added:
+            raise pa.ArrowInvalid(f"column {c!r} is missing from the file")
+    present = [c for c in columns if c in found.names]
+    casts = {c: _check_column_type(table, c, found.field(c).type, schema.field(c).type, source)
+             for c in present}
+    t = pf.read(columns=present)
+    for c, cast in casts.items():
+        if cast:
+            i = t.schema.get_field_index(c)
+            t = t.set_column(i, schema.field(c), t.column(i).cast(schema.field(c).type))
+    for c in columns:
+        if c not in found.names:
+            f = schema.field(c)
+            t = t.append_column(f, pa.array([added[c]] * t.num_rows, f.type))
     return t.select(columns)
+
+
+def _check_column_type(table: str, column: str, found: pa.DataType, expected: pa.DataType,
+                       source: str) -> bool:
+    """Whether ``column`` needs a cast to ``expected``; raises ``SchemaMismatch`` when the
+    file's type cannot be converted without loss."""
+    if found == expected:
+        return False
+    if _lossless(found, expected):
+        return True
+    raise SchemaMismatch(
+        f"incompatible column type in {source}: {table}.{column} should be {expected}, the file "
+        f"has {found} (no lossless conversion). The store's schema only evolves by adding "
+        f"columns (agentgym.store.ADDED_COLUMNS), so this file was written by another schema "
+        f"or tool. To fix: rewrite the file with {column} converted to {expected} (e.g. "
+        f"pq.write_table(t.set_column(i, field, t[{column!r}].cast(...)), path)) and put its new "
+        f"sha256 in the commit manifest under _commits/{table}/; or read it with the code version "
+        f"that wrote it; a column whose meaning changed needs a new name, not a new type."
+    )
+
+
+def _lossless(found: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether every value of type ``found`` converts to ``expected`` unchanged (widening only:
+    no parse from text, no narrowing that would depend on the values)."""
+    if found == expected:
+        return True
+    t = pa.types
+    if t.is_dictionary(found):  # e.g. a pandas categorical: its values decide
+        return _lossless(found.value_type, expected)
+    if t.is_integer(found) and t.is_integer(expected):
+        if t.is_signed_integer(expected):
+            return found.bit_width < expected.bit_width or (
+                t.is_signed_integer(found) and found.bit_width == expected.bit_width)
+        return t.is_unsigned_integer(found) and found.bit_width <= expected.bit_width
+    if t.is_floating(found) and t.is_floating(expected):
+        return found.bit_width <= expected.bit_width
+    for group in ((t.is_string, t.is_large_string), (t.is_binary, t.is_large_binary)):
+        if any(f(found) for f in group) and any(f(expected) for f in group):
+            return True
+    is_list = lambda x: t.is_list(x) or t.is_large_list(x)  # noqa: E731
+    if is_list(found) and is_list(expected):
+        return _lossless(found.value_type, expected.value_type)
+    if t.is_timestamp(found) and t.is_timestamp(expected):
+        order = ["s", "ms", "us", "ns"]  # a coarser unit converts exactly to a finer one
+        return found.tz == expected.tz and order.index(found.unit) <= order.index(expected.unit)
+    return False
 
 
 def _as_list(v: Any) -> list:

@@ -254,3 +254,36 @@ def test_constrained_actions_are_always_valid_and_exactly_stored(setup):
     assert free.num_turns == 2 and not free.infra_error and sum(free.loss_mask) > 0
     again = run_episodes(engine, fmt, specs, settings, make)  # seeded: the same choices
     assert [[t.action_text for t in e.turns] for e in again] == [[t.action_text for t in e.turns] for e in eps]
+
+
+def test_max_live_caps_the_batch_and_streams_episodes_as_they_end(setup):
+    """With max_live 2, 5 episodes play at most 2 at a time (queued ones start as others end),
+    all finish like uncapped ones would (3 turns, truncated), and iter_episodes hands each one
+    out before the rollout is over."""
+    from agentgym.rollout import iter_episodes
+
+    engine, fmt = setup
+    sizes = []
+    real = engine.generate
+
+    def counting(prompts, params, cache_keys=None):
+        sizes.append(len(prompts))
+        return real(prompts, params, cache_keys=cache_keys)
+
+    engine.generate = counting
+    try:
+        s = RolloutSettings(horizon=3, max_new_tokens=4, seed=1, max_live=2)
+        seen = []
+        for ep in iter_episodes(engine, fmt, _specs(5), s, make_env):
+            seen.append((ep.episode_id, len(sizes)))
+    finally:
+        del engine.generate
+    assert max(sizes) == 2 and sum(sizes) == 5 * 3  # every episode's 3 turns, 2 rows at a time
+    assert sorted(e for e, _ in seen) == [f"e{i}" for i in range(5)]
+    assert seen[0][1] < len(sizes)  # the first episode came out while others still played
+    # uncapped (0) and a cap above the episode count are the same rollout
+    a = run_episodes(engine, fmt, _specs(3), RolloutSettings(horizon=2, max_new_tokens=4, seed=5), make_env)
+    b = run_episodes(engine, fmt, _specs(3), RolloutSettings(horizon=2, max_new_tokens=4, seed=5,
+                                                             max_live=8), make_env)
+    assert [x.input_ids for x in a] == [x.input_ids for x in b]
+    assert all(x.num_turns == 2 and x.truncated for x in a)

@@ -19,7 +19,7 @@ def _dead_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(tmp_path, model_cache, **rollout):
+def _config(tmp_path, model_cache, store=None, **rollout):
     return parse_config({
         "seed": 4, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
         "envs": [
@@ -32,7 +32,7 @@ def _config(tmp_path, model_cache, **rollout):
         "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6, **rollout},
         "trainer": {"learning_rate": 1e-3, "bf16": False},
         "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
-        "store": {"root": str(tmp_path / "store")},
+        "store": {"root": str(tmp_path / "store"), **(store or {})},
     })
 
 
@@ -74,5 +74,30 @@ def test_too_many_infra_errors_fail_the_iteration_before_its_commit(tmp_path, mo
         with pytest.raises(InfraFailure, match=r"2 of 6 episodes hit infrastructure errors.*http: infra"):
             s.collect(IterationRef(0, 0, 0), horizon=1)
         assert not s.store.is_committed("episodes", 0, 0)
+    finally:
+        s.close()
+
+
+def test_a_streamed_rollout_that_fails_leaves_no_file_and_a_rerun_commits_once(tmp_path, model_cache):
+    """The streaming path: 2 episodes play at a time and every 2 finished ones are written out
+    (staged) during the rollout; the InfraFailure at the end deletes them all, and a re-run
+    (a lenient setting here) commits the iteration once, in 3 chunks."""
+    chunked = {"store": {"chunk_episodes": 2}, "max_live_episodes": 2}
+    s = PolicySession(_config(tmp_path, model_cache, max_infra_error_fraction=0.2, **chunked), "stream")
+    try:
+        with pytest.raises(InfraFailure):
+            s.collect(IterationRef(0, 0, 0), horizon=2)
+    finally:
+        s.close()
+    run = tmp_path / "store" / "stream"
+    assert not [p for p in run.rglob("*") if p.is_file()]  # no shard (staged or not), no commit
+    s = PolicySession(_config(tmp_path, model_cache, max_infra_error_fraction=1.0, **chunked), "stream")
+    try:
+        out = s.collect(IterationRef(0, 0, 0), horizon=2)
+        m = s.store.manifest("episodes", 0, 0)
+        assert out["rows"] == m.rows == 6 and m.extra["chunks"] == 3 and out["infra_error_episodes"] == 2
+        assert sorted(p.name for p in (run / "_commits").rglob("*.json")) == ["0-0.json", "0-0.json"]
+        assert len(pd.read_parquet(s.store.path("episodes"))) == 6
+        assert not list(run.rglob(".tmp-*"))
     finally:
         s.close()

@@ -437,6 +437,26 @@ def test_s3_store_roundtrip(s3_server):
     assert len(df) == 4 and set(df["stage"].astype(int)) == {2}
     assert len(pd.read_parquet(store.path("episodes"), storage_options=opts)) == 5
 
+    # streaming: an aborted chunked writer leaves nothing; a chunked commit reads back whole
+    with pytest.raises(RuntimeError, match="stop"):
+        with store.episode_writer(stage=3, iteration=0, global_step=4, policy_version=3,
+                                  chunk_episodes=2) as w:
+            w.extend([make_episode(i, stage=3) for i in range(3)])
+            raise RuntimeError("stop")
+    fs0 = s3fs.S3FileSystem(**opts)
+    for table in ("episodes", "turns"):  # no shard, staged or not (SeaweedFS keeps folder keys)
+        left = fs0.find(f"{s3_server['bucket']}/stores/{RUN}/{table}/stage=3")
+        assert not [p for p in left if p.endswith(".parquet")], left
+    chunked = [make_episode(i, stage=3) for i in range(5)]
+    with store.episode_writer(stage=3, iteration=0, global_step=4, policy_version=3,
+                              chunk_episodes=2) as w:
+        w.extend(chunked)
+        m3 = w.commit()
+    assert m3.rows == 5 and len(m3.files) == 3
+    assert [b.input_ids for b in store.read_episodes(3, 0)] == [e.input_ids for e in chunked]
+    assert len(pd.read_parquet(store.path("episodes"), filters=[("stage", "=", 3)],
+                               storage_options=opts)) == 5
+
     # idempotent: a fresh store object (no caches) re-running the iteration gets the first commit
     fs = s3fs.S3FileSystem(**opts)
     before = sorted(fs.find(f"{s3_server['bucket']}/stores/{RUN}"))
@@ -528,3 +548,193 @@ def test_datasets_written_before_a_column_was_added_still_read(store, tmp_path):
     commit.write_text(json.dumps(manifest))
     with pytest.raises(StoreError, match="reward"):
         store.read_table("turns")
+
+
+# ---------------------------------------------------------------------------- streaming writes
+def _published(root: Path) -> list[Path]:
+    return sorted(p for p in (root / RUN).rglob("part-*.parquet"))
+
+
+def _staged(root: Path) -> list[Path]:
+    return sorted(p for p in (root / RUN).rglob(".tmp-*"))
+
+
+def _commit_files(root: Path) -> list[Path]:
+    return sorted((root / RUN / "_commits").rglob("*.json")) if (root / RUN / "_commits").exists() else []
+
+
+def test_chunked_write_commits_once_and_equals_a_single_write(tmp_path):
+    eps = [make_episode(i, n_turns=1 + i % 3) for i in range(10)]
+    single = TrajectoryStore(str(tmp_path / "single"), RUN)
+    single.write_episodes(eps, stage=1, iteration=0, global_step=4, policy_version=2)
+
+    root = tmp_path / "chunked"
+    store = TrajectoryStore(str(root), RUN)
+    with store.episode_writer(stage=1, iteration=0, global_step=4, policy_version=2,
+                              chunk_episodes=3) as w:
+        for i, ep in enumerate(eps):
+            w.add(ep)
+            # before the commit nothing is visible: shards are hidden, no manifest exists
+            assert not _published(root) and not _commit_files(root)
+            assert store.read_table("episodes").empty
+        assert len(_staged(root)) == 2 * 3  # 3 full chunks of 3, one per table, the 10th buffered
+        m = w.commit()
+    assert w.rows == 10 and m.rows == 10 and m.extra["chunks"] == 4 and len(m.files) == 4
+    # exactly one commit per table, every shard published, none left hidden
+    assert [p.relative_to(root / RUN / "_commits").as_posix() for p in _commit_files(root)] == \
+        ["episodes/1-0.json", "turns/1-0.json"]
+    assert len(_published(root)) == 8 and not _staged(root)
+
+    # the same content as one write (created_at is the writer's own clock)
+    def content(s: TrajectoryStore, table: str) -> pd.DataFrame:
+        cols = [c for c in s.read_table(table).columns if c != "created_at"]
+        return s.read_table(table, columns=cols)
+
+    for table in ("episodes", "turns"):
+        pd.testing.assert_frame_equal(content(store, table), content(single, table))
+    assert [repr(e) for e in store.read_episodes(1, 0)] == [repr(e) for e in single.read_episodes(1, 0)]  # NaN reward
+    # raw pandas over the folder sees every row once
+    assert len(pd.read_parquet(store.path("episodes"))) == 10
+    assert len(pd.read_parquet(store.path("turns"))) == sum(e.num_turns for e in eps)
+    # a second writer for the committed iteration gets the first commit and leaves nothing
+    with store.episode_writer(stage=1, iteration=0, global_step=4, policy_version=2,
+                              chunk_episodes=2) as again:
+        again.extend([make_episode(i, seed=9) for i in range(3)])
+        assert again.commit() == m
+    assert len(_published(root)) == 8 and not _staged(root)
+
+
+def test_an_exception_between_chunks_commits_nothing_and_a_rerun_commits_cleanly(tmp_path):
+    root = tmp_path / "store"
+    store = TrajectoryStore(str(root), RUN)
+    eps = [make_episode(i) for i in range(7)]
+    with pytest.raises(RuntimeError, match="env server died"):
+        with store.episode_writer(stage=1, iteration=0, global_step=0, policy_version=0,
+                                  chunk_episodes=2) as w:
+            w.extend(eps[:5])
+            assert len(_staged(root)) == 4  # two chunks were written out
+            raise RuntimeError("env server died")
+    assert not store.is_committed("episodes", 1, 0) and not store.is_committed("turns", 1, 0)
+    assert not _published(root) and not _staged(root) and not _commit_files(root)
+    with pytest.raises(RuntimeError, match="aborted"):
+        w.add(eps[5])
+
+    # a process killed mid-iteration never reaches __exit__: its staged shards stay, hidden
+    killed = store.episode_writer(stage=1, iteration=0, global_step=0, policy_version=0,
+                                  chunk_episodes=2)
+    killed.extend([make_episode(i, seed=3) for i in range(4)])
+    assert len(_staged(root)) == 4 and not store.is_committed("episodes", 1, 0)
+    assert store.read_table("episodes").empty
+    for table in ("episodes", "turns"):  # raw readers skip hidden files too
+        assert pq.ParquetDataset(store.path(table)).files == []
+
+    # the re-run commits exactly its own episodes and removes the killed attempt's leftovers
+    with store.episode_writer(stage=1, iteration=0, global_step=0, policy_version=0,
+                              chunk_episodes=2) as w2:
+        w2.extend(eps)
+        m = w2.commit()
+    assert m.rows == 7 and not _staged(root) and len(_published(root)) == 2 * 4
+    assert [e.episode_id for e in store.read_episodes(1, 0)] == [e.episode_id for e in eps]
+    assert len(pd.read_parquet(store.path("episodes"))) == 7
+
+
+def test_a_bad_episode_in_a_later_chunk_leaves_nothing(tmp_path):
+    root = tmp_path / "store"
+    store = TrajectoryStore(str(root), RUN)
+    with pytest.raises(ValueError, match="duplicate episode_id 's1-e1'"):
+        with store.episode_writer(stage=1, iteration=0, global_step=0, policy_version=0,
+                                  chunk_episodes=2) as w:
+            w.extend([make_episode(0), make_episode(1), make_episode(2), make_episode(1)])
+    assert not store.is_committed("episodes", 1, 0) and not _published(root) and not _staged(root)
+
+
+# ---------------------------------------------------------------------------- schema evolution
+def _rewrite_shard(root: Path, table: str, stage: int, iteration: int, change) -> Path:
+    """Replace the one shard of a committed partition by ``change(pa.Table)`` and re-hash it in
+    its manifest (as a hand-made file would be), so only the schema is wrong, not the digest."""
+    import hashlib
+
+    from agentgym.store import _combined_digest
+
+    (f,) = sorted((root / RUN / table / f"stage={stage}" / f"iteration={iteration}").glob("part-*"))
+    pq.write_table(change(pq.read_table(f)), f)
+    owner = "episodes" if table == "turns" else table  # turns' manifest is embedded in episodes'
+    for path in {root / RUN / "_commits" / table / f"{stage}-{iteration}.json",
+                 root / RUN / "_commits" / owner / f"{stage}-{iteration}.json"}:
+        m = json.loads(path.read_text())
+        inner = m["extra"]["turns"] if table == "turns" and path.parent.name == "episodes" else m
+        rel = next(iter(inner["sha256"]))
+        inner["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
+        inner["digest"] = _combined_digest(inner["sha256"])
+        path.write_text(json.dumps(m))
+    return f
+
+
+def _retype(table: pa.Table, column: str, typ: pa.DataType) -> pa.Table:
+    i = table.schema.get_field_index(column)
+    return table.set_column(i, pa.field(column, typ), table.column(i).cast(typ))
+
+
+def test_an_incompatible_column_type_names_column_file_types_and_fix(tmp_path):
+    root = tmp_path / "store"
+    store = TrajectoryStore(str(root), RUN)
+    store.write_episodes([make_episode(i) for i in range(3)], stage=1, iteration=0,
+                         global_step=0, policy_version=0)
+    f = _rewrite_shard(root, "turns", 1, 0, lambda t: _retype(t, "reward", pa.string()))
+    with pytest.raises(StoreError) as err:
+        store.read_table("turns")
+    msg = str(err.value)
+    assert type(err.value).__name__ == "SchemaMismatch"
+    assert "turns.reward" in msg and str(f) in msg
+    assert "should be double" in msg and "the file has string" in msg
+    assert "To fix: rewrite the file with reward converted to double" in msg
+    with pytest.raises(StoreError, match="turns.reward"):  # every reader of the table
+        store.read_episodes(1, 0)
+    # narrowing fails too, even where today's values would fit: they are not guaranteed to
+    _rewrite_shard(root, "turns", 1, 0, lambda t: _retype(_retype(t, "reward", pa.float64()),
+                                                         "gen_tokens", pa.int64()))
+    with pytest.raises(StoreError, match=r"turns.gen_tokens should be int32, the file has int64"):
+        store.read_table("turns")
+    # a reader asking for other columns is not blocked by the bad one
+    assert len(store.read_table("turns", columns=["episode_id", "reward"])) == 6
+
+
+def test_a_lossless_type_difference_reads_as_the_schema_type(tmp_path):
+    root = tmp_path / "store"
+    store = TrajectoryStore(str(root), RUN)
+    eps = [make_episode(i) for i in range(3)]
+    store.write_episodes(eps, stage=1, iteration=0, global_step=0, policy_version=0)
+    want = store.read_table("episodes")
+
+    def widen_the_other_way(t: pa.Table) -> pa.Table:  # older/other writers' narrower types
+        t = _retype(t, "num_turns", pa.int16())
+        t = _retype(t, "env", pa.large_string())
+        return _retype(t, "old_logprobs", pa.large_list(pa.float32()))
+
+    _rewrite_shard(root, "episodes", 1, 0, widen_the_other_way)
+    got = store.read_arrow("episodes")
+    assert got.schema == EPISODES_SCHEMA
+    pd.testing.assert_frame_equal(got.to_pandas(), want)
+
+
+def test_old_shards_lacking_an_added_column_read_as_nulls_with_pandas(tmp_path):
+    """Users read a table folder with pd.read_parquet; a run whose first iteration predates
+    ``turns.invalid_action`` gives nulls there (not a dropped column) with ``dataset_schema``."""
+    root = tmp_path / "store"
+    store = TrajectoryStore(str(root), RUN)
+    old, new = [make_episode(i) for i in range(2)], [make_episode(i, stage=2) for i in range(2)]
+    new[1].turns[0].invalid_action = True
+    store.write_episodes(old, stage=1, iteration=0, global_step=0, policy_version=0)
+    _rewrite_shard(root, "turns", 1, 0, lambda t: t.drop_columns(["invalid_action"]))
+    store.write_episodes(new, stage=2, iteration=0, global_step=1, policy_version=1)
+
+    df = pd.read_parquet(store.path("turns"), schema=store.dataset_schema("turns"))
+    df = df.sort_values(["stage", "episode_id", "turn"], kind="stable")
+    assert df.stage.tolist() == [1] * 4 + [2] * 4
+    assert df[df.stage == 1].invalid_action.isna().all()  # unknown for old rows, not False
+    assert df[df.stage == 2].invalid_action.tolist() == [False, False, True, False]
+    filtered = pd.read_parquet(store.path("turns"), schema=store.dataset_schema("turns"),
+                               filters=[("stage", "=", 1)])
+    assert len(filtered) == 4 and filtered.invalid_action.isna().all()
+    # the store's own readers give the column's default instead
+    assert store.read_table("turns", stage=1).invalid_action.tolist() == [False] * 4
