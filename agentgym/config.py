@@ -485,9 +485,37 @@ class TrackingConfig(_Strict):
     eval_every: int = Field(
         0, ge=0,
         description="Evaluate on every env's eval_tasks every N global steps (0: never); metrics "
-        "eval/<env>/<category>/avg_at_<k> on the pipeline run at step N.",
+        "eval/ENV/CATEGORY/avg_at_K (e.g. eval/babyai/goto/avg_at_4) on the pipeline run at step N.",
     )
     eval_k: int = Field(4, ge=1, description="Samples per held-out task for Avg@k / Pass@k during training.")
+    ui_url: str | None = Field(
+        None, description="Base URL of the MLflow UI, for the links in Prefect artifacts (e.g. "
+        "http://127.0.0.1:5000). None: the tracking URI when it is an http(s) server, else "
+        "http://127.0.0.1:5000 (where `mlflow ui` serves by default).")
+    artifact_location: str | None = Field(
+        None, description="Where a new experiment keeps its MLflow artifacts (checkpoints, the logged "
+        "model): a folder or s3://bucket/prefix; the experiment gets its own sub-folder. None: beside a "
+        "SQLite tracking DB (mlartifacts/), else the tracking server's default. An existing "
+        "experiment keeps its location (a different one is refused: use a new experiment name). On S3 "
+        "the credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or "
+        "AWS_PROFILE), never from this config, which is logged.")
+    s3_endpoint_url: str | None = Field(
+        None, description="S3 endpoint of artifact_location for an S3-compatible server (MinIO, "
+        "SeaweedFS, e.g. http://127.0.0.1:8333). None: MLFLOW_S3_ENDPOINT_URL from the environment, "
+        "else AWS S3.")
+    log_model: bool = Field(
+        True, description="Log the final policy (the last stage's checkpoint) as an MLflow model "
+        "of the pipeline run: a pyfunc that loads the Hugging Face folder and generates replies.")
+    registered_model_name: str | None = Field(
+        None, description="Also register the logged final policy as a new version of this MLflow "
+        "registered model (created if missing). None: log only, register nothing.")
+
+    @model_validator(mode="after")
+    def _registering_needs_the_model(self) -> "TrackingConfig":
+        if self.registered_model_name and not self.log_model:
+            raise ValueError("tracking.registered_model_name needs tracking.log_model: true (the "
+                             "registered version is the logged model); set it, or drop the name")
+        return self
 
 
 class SFTConfig(_Strict):
@@ -527,7 +555,7 @@ class HeldOutConfig(_Strict):
     the base model before training, the policy after SFT and after each RL stage, side by side."""
 
     enabled: bool = Field(
-        False, description="Run the before/after evaluations (MLflow metrics heldout/<policy>/..., "
+        False, description="Run the before/after evaluations (MLflow metrics heldout/POLICY/..., "
         "one Prefect table artifact, the CLI summary's table).")
     horizon: int | None = Field(
         None, ge=1, description="Turn limit of the held-out episodes (None: the last stage's horizon).")

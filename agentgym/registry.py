@@ -1,8 +1,9 @@
 """Model registry: the policy checkpoints that graduate, and the ``champion`` alias.
 
-Pure ``MlflowClient`` (no Prefect). A registered model version's ``source`` is the checkpoint's
-artifact URI (an HF folder logged by :meth:`agentgym.tracking.Tracker.log_checkpoint`), so the
-version *is* the checkpoint; the alias ``champion`` names the version that serves and that the
+Pure ``MlflowClient`` (no Prefect). A registered model version's ``source`` is a checkpoint's
+artifact URI (an HF folder logged by :meth:`agentgym.tracking.Tracker.log_checkpoint`; the retrain
+flow) or the storage location of the pyfunc model that ``agentgym.policy_model`` logs from one
+(``tracking.registered_model_name``; the HF folder sits inside it); the alias ``champion`` names the version that serves and that the
 next retraining starts from.
 
 ``materialize(ref)`` turns any model reference into a local HF folder:
@@ -89,8 +90,8 @@ def materialize(ref: str, tracking_uri: str, cache_dir: str | os.PathLike = "~/.
                 f"{ref}: no such registered model version in {tracking_uri} ({e.error_code}); list "
                 f"what is there with `agentgym eval champion --name {name}` or the MLflow UI") from None
         uri = mv.source
-        if _is_hf_folder(Path(uri.removeprefix("file://"))):
-            return Path(uri.removeprefix("file://")).resolve()
+        if Path(uri.removeprefix("file://")).is_dir():  # a checkpoint, or a logged model holding one
+            return _find_hf_folder(Path(uri.removeprefix("file://")).resolve())
     root = Path(os.path.expanduser(str(cache_dir))) / "checkpoints"
     final = root / hashlib.sha256(uri.encode()).hexdigest()[:24]
     if final.is_dir():

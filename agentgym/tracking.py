@@ -8,15 +8,24 @@ per thread, which Prefect's task threads would get wrong.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
+from mlflow.types import ColSpec, DataType, Schema
+from mlflow.types.schema import Array
+
+from agentgym.config import TrackingConfig
+from agentgym.store import SCHEMAS
 
 TAG_RUN = "agentgym.run_id"
 TAG_KIND = "agentgym.kind"
@@ -29,8 +38,115 @@ TAG_SFT_EPOCH = "agentgym.sft_epoch_checkpoint"
 RESUME_MUTABLE = ("run_id", "tracking.", "store.storage_options", "rollout.env_workers")
 
 
+NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
+DEFAULT_UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
 class ResumeConflict(ValueError):
     """A run id was reused with a config that trains something else."""
+
+
+class ArtifactStoreError(RuntimeError):
+    """The configured MLflow artifact store cannot be used (unreachable, bad credentials, ...)."""
+
+
+_probed: set[tuple[str, str | None, str]] = set()
+_probe_lock = threading.Lock()
+
+
+def experiment_artifact_location(cfg: TrackingConfig) -> str | None:
+    """Where a new experiment of ``cfg`` keeps its artifacts: ``<artifact_location>/<experiment>``
+    (a local folder as a file:// URI), beside a SQLite DB, or None (the server's default)."""
+    root = cfg.artifact_location
+    if not root:
+        return default_artifact_location(cfg.tracking_uri, cfg.experiment)
+    if "://" not in root:
+        root = Path(root).expanduser().resolve().as_uri()
+    return f"{root.rstrip('/')}/{cfg.experiment}"
+
+
+def configure_artifact_store(cfg: TrackingConfig) -> None:
+    """Make an ``s3://`` ``tracking.artifact_location`` usable by MLflow in this process, and
+    check it once (write and delete a small object), so a wrong endpoint or credentials fail now
+    with the field to fix instead of at the first checkpoint.
+
+    MLflow's S3 client reads its endpoint from ``MLFLOW_S3_ENDPOINT_URL`` and its credentials
+    from the standard AWS chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``):
+    ``tracking.s3_endpoint_url`` is copied to that variable (process-wide); credentials are never
+    read from the config (it is logged to MLflow and stored by Prefect), only from the environment.
+    """
+    loc = cfg.artifact_location
+    if not loc or not loc.startswith("s3://"):
+        return
+    if cfg.s3_endpoint_url:
+        os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
+    endpoint = os.environ.get("MLFLOW_S3_ENDPOINT_URL") or None
+    # checked once per location, endpoint and credentials (a digest: the secret is kept nowhere)
+    who = hashlib.sha256("\0".join(os.environ.get(k, "") for k in (
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")).encode()).hexdigest()
+    with _probe_lock:
+        if (loc, endpoint, who) in _probed:
+            return
+        _probe_s3(loc, endpoint)
+        _probed.add((loc, endpoint, who))
+
+
+def _probe_s3(location: str, endpoint: str | None) -> None:
+    import boto3
+    import botocore.exceptions as bx
+    from botocore.config import Config
+
+    bucket, _, prefix = location[len("s3://"):].partition("/")
+    where = f"tracking.artifact_location={location}" + (f" at {endpoint}" if endpoint else "")
+    # a fresh session: boto3's default one keeps the credentials it resolved first
+    client = boto3.session.Session().client("s3", endpoint_url=endpoint, config=Config(
+        connect_timeout=5, read_timeout=10, retries={"max_attempts": 1}))
+    key = f"{prefix.strip('/') + '/' if prefix.strip('/') else ''}.agentgym-probe"
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=b"agentgym artifact store check")
+        client.delete_object(Bucket=bucket, Key=key)
+    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as e:
+        raise ArtifactStoreError(
+            f"{where}: cannot reach the S3 endpoint ({type(e).__name__}); start the S3 server, or fix "
+            "tracking.s3_endpoint_url (or MLFLOW_S3_ENDPOINT_URL)") from None
+    except bx.NoCredentialsError:
+        raise ArtifactStoreError(
+            f"{where}: no S3 credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+            "AWS_PROFILE) in the environment of the process that runs the flow") from None
+    except bx.ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "?")
+        if code in ("NoSuchBucket", "404"):
+            fix = f"create bucket {bucket!r}, or point tracking.artifact_location at an existing one"
+        elif code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken"):
+            fix = ("the credentials were refused: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "
+                   "AWS_PROFILE) in the environment, and that they may write to the bucket")
+        else:
+            fix = "check tracking.artifact_location, tracking.s3_endpoint_url and the AWS credentials"
+        raise ArtifactStoreError(f"{where}: S3 answered {code}; {fix}") from None
+
+
+def mlflow_schema(table: str) -> str:
+    """The store table's Arrow schema as an MLflow dataset schema (``{"mlflow_colspec": ...}``),
+    which the MLflow UI shows beside a run's dataset input."""
+    def dtype(t: pa.DataType):
+        if pa.types.is_list(t):
+            return Array(dtype(t.value_type))
+        if pa.types.is_boolean(t):
+            return DataType.boolean
+        if pa.types.is_int64(t):
+            return DataType.long
+        if pa.types.is_integer(t):
+            return DataType.integer
+        if pa.types.is_float32(t):
+            return DataType.float
+        if pa.types.is_floating(t):
+            return DataType.double
+        if pa.types.is_timestamp(t):
+            return DataType.datetime
+        return DataType.string
+
+    cols = [ColSpec(dtype(f.type), f.name, required=not f.nullable) for f in SCHEMAS[table]]
+    return json.dumps({"mlflow_colspec": Schema(cols).to_dict()})
 
 
 @dataclass
@@ -62,12 +178,31 @@ def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
 
 
 class Tracker:
-    def __init__(self, tracking_uri: str, experiment: str):
+    def __init__(self, tracking_uri: str, experiment: str, artifact_location: str | None = None,
+                 ui_url: str | None = None):
+        """``artifact_location``: of the experiment when this creates it (None: beside a SQLite DB,
+        else the server's default); given and different from an existing experiment's: an error."""
         self.uri = tracking_uri
+        self.ui_url = ui_url
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
-            experiment, artifact_location=default_artifact_location(tracking_uri, experiment))
+        if exp is None:
+            self.experiment_id = self.client.create_experiment(
+                experiment, artifact_location=artifact_location or default_artifact_location(tracking_uri, experiment))
+        else:
+            self.experiment_id = exp.experiment_id
+            if artifact_location and exp.artifact_location.rstrip("/") != artifact_location.rstrip("/"):
+                raise ArtifactStoreError(
+                    f"experiment {experiment!r} already keeps its artifacts at {exp.artifact_location}, so "
+                    f"tracking.artifact_location cannot put them at {artifact_location}; use a new "
+                    "tracking.experiment name for the new location, or drop tracking.artifact_location")
+
+    @classmethod
+    def from_config(cls, cfg: TrackingConfig) -> "Tracker":
+        """The tracker of a config's ``tracking`` section (its artifact store checked and set up)."""
+        configure_artifact_store(cfg)
+        explicit = experiment_artifact_location(cfg) if cfg.artifact_location else None
+        return cls(cfg.tracking_uri, cfg.experiment, artifact_location=explicit, ui_url=cfg.ui_url)
 
     def _find(self, **tags: str) -> str | None:
         filt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
@@ -134,6 +269,21 @@ class Tracker:
             return f"[MLflow run {mlflow_run_id}]({url})"
         return f"MLflow run `{mlflow_run_id}` (open with `mlflow ui --backend-store-uri {self.uri}`)"
 
+    def run_url(self, mlflow_run_id: str) -> str:
+        """The run's page in the MLflow UI: ``tracking.ui_url``, else the tracking server, else
+        where ``mlflow ui`` serves by default."""
+        base = self.ui_url or (self.uri if self.uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+
+    def describe(self, mlflow_run_id: str, text: str) -> None:
+        """The run's description (markdown) in the MLflow UI."""
+        self.client.set_tag(mlflow_run_id, NOTE, text)
+
+    def set_tags(self, mlflow_run_id: str, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            if v is not None:
+                self.client.set_tag(mlflow_run_id, k, str(v))
+
     def finish_stage(self, stage_run_id: str) -> None:
         self.client.set_tag(stage_run_id, TAG_DONE, "true")
         self.client.set_terminated(stage_run_id, RunStatus.to_string(RunStatus.FINISHED))
@@ -194,11 +344,18 @@ class Tracker:
         return best
 
     def log_trajectory_commit(self, mlflow_run_id: str, table: str, stage: int, iteration: int,
-                              source: str, digest: str, rows: int) -> None:
-        """Lineage: the iteration's committed trajectories as an MLflow dataset input."""
+                              source: str, digest: str, rows: int,
+                              profile: dict[str, Any] | None = None) -> None:
+        """Lineage: the iteration's committed trajectories as an MLflow dataset input, with the
+        store table's schema and a profile (``num_rows`` and ``profile``'s numbers, e.g.
+        ``success_rate``, ``reward_mean``)."""
+        stats = {"num_rows": rows, **{k: v for k, v in (profile or {}).items()
+                                      if isinstance(v, (int, float)) and math.isfinite(float(v))}}
         ds = Dataset(name=f"{table}/stage={stage}/iteration={iteration}", digest=digest[:36],
                      source_type="agentgym-trajectory-store",
-                     source=json.dumps({"uri": source, "sha256": digest, "rows": rows}))
+                     source=json.dumps({"uri": source, "sha256": digest, "rows": rows}),
+                     schema=mlflow_schema("episodes" if table == "demos" else table),
+                     profile=json.dumps(stats))
         self.client.log_inputs(mlflow_run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", "training")])])
 
     # -- the SFT stage ----------------------------------------------------------------------

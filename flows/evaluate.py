@@ -35,7 +35,7 @@ def evaluate_policy(
     if not any(e.eval_tasks for e in config.envs):
         raise ValueError("no environment has eval_tasks; add held-out task ids, e.g. "
                          "overrides=['envs.0.eval_tasks=[100, 101]'] or eval_tasks: [...] in the config")
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     run = tracker.client.create_run(
         tracker.experiment_id, run_name=f"eval-{model.rsplit('/', 1)[-1]}",
         tags={TAG_KIND: "evaluation", "agentgym.model": model, "agentgym.eval_seed": str(seed)},

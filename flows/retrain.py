@@ -56,7 +56,7 @@ def retrain(
                          "has eval_tasks; add some, e.g. eval_tasks: [100, 101, 102] under an env")
     uri = config.tracking.tracking_uri
     registry = ModelRegistry(uri)
-    tracker = Tracker(uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     champion = registry.champion(registered_model)
     cv = str(champion.version) if champion is not None else None  # MLflow returns an int
     train_id = f"retrain-{new_run_id()}"
@@ -81,7 +81,9 @@ def retrain(
             logger.info("starting from champion v%s (%s)", cv, champion_path)
         else:
             logger.info("no champion of %r yet: starting from %s", registered_model, config.model.name_or_path)
-        train_cfg = train_cfg.model_copy(update={"run_id": train_id})
+        # this flow registers the challenger itself, by decision: the training run registers nothing
+        train_cfg = train_cfg.model_copy(update={"run_id": train_id, "tracking": train_cfg.tracking.model_copy(
+            update={"registered_model_name": None})})
         trained = scaling_inter_rl(train_cfg)
         last = trained["stages"][-1]
         challenger_uri = last["checkpoint"]

@@ -17,7 +17,9 @@ from typing import Any
 from prefect import flow
 
 from agentgym.config import PipelineConfig
+from agentgym.run_summary import sft_description
 from agentgym.tracking import Tracker
+from tasks.links import TAG_FLOW_RUN_URL, prefect_tags
 from tasks.sft import generate_demonstrations, sft_train
 
 SFT_PARAMS = ("episodes", "heldout_episodes", "horizon", "noise", "epochs", "batch_size", "learning_rate",
@@ -44,8 +46,12 @@ def _summary(tracker: Tracker, child: str) -> dict[str, Any]:
 @flow(name="sft", flow_run_name="sft-{run_id}", log_prints=True)
 def sft_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> dict[str, Any]:
     """Write the demonstrations and fine-tune the base policy on them (skipped when finished)."""
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     child = tracker.sft_run(parent_mlflow_id, run_id, {k: getattr(config.sft, k) for k in SFT_PARAMS})
+    links = prefect_tags()
+    tracker.set_tags(child, links)
+    tracker.describe(child, sft_description(run_id, config.sft.episodes, config.sft.epochs,
+                                            links[TAG_FLOW_RUN_URL]))
     if tracker.is_finished(child):
         return _summary(tracker, child)
     try:
@@ -53,7 +59,7 @@ def sft_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> dict
         for part, name in ((0, "train"), (1, "heldout")):
             if name in demos:  # lineage: the exact demonstration commits the policy learned from
                 tracker.log_trajectory_commit(child, "demos", 0, part, demos["uri"], demos[name]["digest"],
-                                              demos[name]["rows"])
+                                              demos[name]["rows"], profile=demos[name])
         stats = {f"demos_{k}": v for k, v in demos["train"].items() if isinstance(v, (int, float))}
         tracker.log_metrics_once([child], stats, step=0, key="demos_rows")
         sft_train(config, run_id, child, demos)

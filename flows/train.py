@@ -23,8 +23,11 @@ from prefect import flow, get_run_logger
 from agentgym import progress
 from agentgym.config import PipelineConfig, with_overrides
 from agentgym.schedule import position, stage_start, total_steps
+from agentgym.run_summary import pipeline_description, stage_description, summary_markdown
 from agentgym.tracking import Tracker
-from tasks.rl import collect_rollouts, compute_advantages, restore_policy, save_checkpoint, update_policy
+from tasks.links import TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeline_run_name, prefect_tags
+from tasks.rl import (collect_rollouts, compute_advantages, log_final_policy, restore_policy, save_checkpoint,
+                      update_policy)
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
 from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison
 from tasks.runtime import drop_session
@@ -80,9 +83,13 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     ``start_iteration`` > 0 resumes the stage after a checkpoint taken mid-stage.
     """
     logger = get_run_logger()
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     child = tracker.stage_run(parent_mlflow_id, run_id, index, horizon, iterations)
     start = stage_start(config.stages, index)
+    links = prefect_tags()
+    tracker.set_tags(child, links)
+    tracker.describe(child, stage_description(run_id, index, horizon, iterations, start,
+                                              links[TAG_FLOW_RUN_URL]))
     every = config.tracking.checkpoint_every
     try:
         for it in range(start_iteration, iterations):
@@ -97,7 +104,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             # killed attempt may have logged past its checkpoint to one run or both
             tracker.log_trajectory_commit(
                 child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
-                rollout["digest"], rollout["rows"])
+                rollout["digest"], rollout["rows"], profile=rollout)
             tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs)
             # ...and the evaluation it may have run before its checkpoint
             if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
@@ -133,7 +140,7 @@ def _stage_summary(history: list[dict[str, Any]], child: str, index: int, horizo
     }
 
 
-@flow(name="scaling-inter-rl", log_prints=True)
+@flow(name="scaling-inter-rl", flow_run_name=pipeline_run_name, log_prints=True)
 def scaling_inter_rl(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008
     overrides: list[str] | None = None,
@@ -146,13 +153,28 @@ def scaling_inter_rl(
 
     Re-running with the same ``config.run_id`` resumes: finished stages are skipped and an
     unfinished one continues from the run's latest checkpoint, at the global step (and so the
-    stage and horizon) where that checkpoint was taken.
+    stage and horizon) where that checkpoint was taken. The flow run is named after the run id.
+
+    Args:
+        config: The whole pipeline: model, environments and their tasks, rollout, algorithm,
+            trainer, ScalingInter-RL schedule (stages of growing horizon), trajectory store and
+            MLflow tracking. Every field is described in docs/configuration.md. Leave run_id
+            empty for a new run; set it to an earlier run's id to resume that run.
+        overrides: Changes applied on top of config, one "field.path=value" string each (YAML
+            values; list items by number), e.g. "rollout.group_size=8" or "envs.0.tasks=[1, 2]":
+            the same syntax as `agentgym train --set`. Use it to change a few fields of a
+            deployment's config; a partial config parameter would replace the whole config.
     """
     config = with_overrides(config, overrides)
     run_id = config.run_id or new_run_id()
     config = config.model_copy(update={"run_id": run_id})
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    name_flow_run(run_id)
+    tracker = Tracker.from_config(config.tracking)
     parent = tracker.pipeline_run(run_id, config.model_dump(mode="json"))
+    links = prefect_tags()  # both ways: the Prefect flow run on the MLflow run, and back
+    tracker.set_tags(parent, links)
+    tracker.describe(parent, pipeline_description(config, run_id, links[TAG_FLOW_RUN_URL]))
+    link_mlflow_run(run_id, tracker.run_url(parent))
     stages: list[dict[str, Any]] = []
     heldout: dict[str, dict[str, Any]] = {}  # policy label -> held-out result, in table order
     sft = None
@@ -184,14 +206,40 @@ def scaling_inter_rl(
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])
                 heldout[f"stage-{index}"] = heldout_policy(config, parent, f"stage-{index}", ckpt)
         table = publish_comparison(run_id, heldout, tracker.run_link(parent)) if heldout else []
+        model = None
+        if config.tracking.log_model and stages[-1]["checkpoint"]:
+            model = log_final_policy(config, run_id, parent, stages[-1]["checkpoint"], total_steps(config.stages))
         tracker.finish_pipeline(parent)
     except BaseException:
         tracker.finish_pipeline(parent, "FAILED")
         raise
     finally:
         drop_session(run_id)
-    return {
+    result = {
         "run_id": run_id, "mlflow_run_id": parent, "tracking_uri": config.tracking.tracking_uri,
         "experiment": config.tracking.experiment, "store": f"{config.store.root.rstrip('/')}/{run_id}",
-        "resumed_from_step": start_step, "stages": stages, "sft": sft, "heldout": table,
+        "resumed_from_step": start_step, "stages": stages, "sft": sft, "heldout": table, "model": model,
     }
+    _summary_artifact(tracker, result)
+    return result
+
+
+def _summary_artifact(tracker: Tracker, result: dict[str, Any]) -> None:
+    """The run's summary as a markdown artifact of the top-level flow run (``summary-<run_id>``):
+    per-stage table, held-out and in-training evaluation, links to MLflow."""
+    from prefect.artifacts import create_markdown_artifact
+
+    parent = result["mlflow_run_id"]
+    links: dict[str, str | None] = {"mlflow": tracker.run_url(parent)}
+    for s in result["stages"]:
+        links[f"stage-{s['stage']}"] = tracker.run_url(s["mlflow_run_id"])
+    model = result.get("model")
+    if model:
+        links["model"] = (f"`{model['model_uri']}`" + (f", registered as `models:/{model['registered_model_name']}/"
+                                                       f"{model['version']}`" if model.get("version") else ""))
+    metrics = tracker.client.get_run(parent).data.metrics
+    evals = {k: v for k, v in metrics.items() if k.startswith("eval/overall/")}
+    run_id = result["run_id"]
+    create_markdown_artifact(
+        summary_markdown(run_id, result, links, evals), key=f"summary-{run_id}".lower().replace("_", "-")[:100],
+        description=f"Summary of ScalingInter-RL run {run_id}")

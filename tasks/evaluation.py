@@ -106,7 +106,7 @@ def _record(config: PipelineConfig, reports: list[EvalReport], sink: EvalSink, w
         metrics.update(rep.metrics(sink.prefix))
     metrics[f"{sink.prefix}/seconds"] = seconds
     if sink.mlflow_run_id:
-        Tracker(config.tracking.tracking_uri, config.tracking.experiment).log_metrics(
+        Tracker.from_config(config.tracking).log_metrics(
             sink.mlflow_run_id, metrics, step=sink.step)
     if sink.publish:
         create_table_artifact(table=merged_table(reports), key=artifact_key("eval", sink.label or default_label),
@@ -127,7 +127,17 @@ def _nothing_to_evaluate(config: PipelineConfig, settings: EvalSettings) -> dict
             "sampled": None, "greedy": None}
 
 
-@task(name="evaluate_model", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def _model_run_name(parameters: dict[str, Any]) -> str:
+    sink = parameters.get("sink")
+    return f"evaluate_model[{(sink.label if sink else None) or parameters.get('model')}]"
+
+
+def _live_run_name(parameters: dict[str, Any]) -> str:
+    sink = parameters.get("sink")
+    return f"evaluate_live_run[step {sink.step if sink else 0}]"
+
+
+@task(name="evaluate_model", task_run_name=_model_run_name, cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def evaluate_model(config: PipelineConfig, model: str, settings: EvalSettings = EvalSettings(),  # noqa: B008
                    sink: EvalSink = EvalSink()) -> dict[str, Any]:  # noqa: B008
     """Load ``model`` (folder, checkpoint URI, ``models:/name@alias``, a model name) into its own
@@ -147,7 +157,7 @@ def evaluate_model(config: PipelineConfig, model: str, settings: EvalSettings = 
             **_record(config, reports, sink, sink.label or model, model, time.perf_counter() - t0)}
 
 
-@task(name="evaluate_live_run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="evaluate_live_run", task_run_name=_live_run_name, cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def evaluate_live_run(config: PipelineConfig, run_id: str, settings: EvalSettings = EvalSettings(),  # noqa: B008
                       sink: EvalSink = EvalSink()) -> dict[str, Any]:  # noqa: B008
     """Evaluate the current policy of live training run ``run_id`` in place (its session's

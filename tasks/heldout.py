@@ -43,7 +43,7 @@ def _log(tracker: Tracker, parent: str, label: str, result: dict[str, Any]) -> d
 @task(name="heldout_random_valid", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def heldout_random_valid(config: PipelineConfig, parent_mlflow_id: str) -> dict[str, Any]:
     """The random-valid-action baseline on the eval tasks (mean over ``heldout.random_seeds``)."""
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     done = _logged(tracker, parent_mlflow_id, RANDOM)
     if done is not None:
         return done
@@ -54,11 +54,11 @@ def heldout_random_valid(config: PipelineConfig, parent_mlflow_id: str) -> dict[
         "seconds": time.perf_counter() - t0})
 
 
-@task(name="heldout_policy", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="heldout_policy", task_run_name="heldout_policy[{label}]", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def heldout_policy(config: PipelineConfig, parent_mlflow_id: str, label: str, model: str) -> dict[str, Any]:
     """Greedy@1 (and with ``heldout.k > 1`` Avg@k / Pass@k) of the policy ``model`` (a model
     name, folder or checkpoint URI) on the eval tasks, under ``label``."""
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     done = _logged(tracker, parent_mlflow_id, label)
     if done is not None:
         return done

@@ -18,6 +18,7 @@ from agentgym import progress
 from agentgym.config import PipelineConfig
 from agentgym.distributed import GroupError
 from agentgym.pipeline import IterationRef
+from agentgym.policy_model import log_policy_model
 from agentgym.registry import materialize
 from agentgym.tracking import Tracker
 from tasks.runtime import drop_session, get_session
@@ -25,14 +26,14 @@ from tasks.runtime import drop_session, get_session
 TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept
 
 
-@task(name="restore_policy", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(name="restore_policy", task_run_name="restore_policy[{run_id}]", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     """Load the run's latest checkpoint (if any) into the session; returns where to resume.
 
     ``start_step`` is the number of iterations the checkpoint had completed: the pipeline
     resumes at that global step, whose stage and horizon the schedule fixes.
     """
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     ref = tracker.latest_checkpoint(run_id)
     if ref is None:
         get_session(config, run_id, create=True).store.check_writable()
@@ -46,7 +47,8 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     return {"start_step": ref.global_step, "checkpoint": ref.artifact_uri}
 
 
-@task(name="collect_rollouts", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(name="collect_rollouts", task_run_name="collect_rollouts[stage {stage} h{horizon} it {iteration}]",
+      retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def collect_rollouts(config: PipelineConfig, run_id: str, stage: int, iteration: int,
                      global_step: int, horizon: int) -> dict[str, Any]:
     """Play the iteration's episodes and commit them to the trajectory store (idempotent)."""
@@ -57,14 +59,14 @@ def collect_rollouts(config: PipelineConfig, run_id: str, stage: int, iteration:
     )
 
 
-@task(name="compute_advantages", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(name="compute_advantages", task_run_name="compute_advantages[stage {stage} it {iteration}]", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def compute_advantages(config: PipelineConfig, run_id: str, stage: int, iteration: int,
                        global_step: int) -> dict[str, Any]:
     """Read the committed episodes, compute advantages, commit them as their own table."""
     return get_session(config, run_id).advantages(IterationRef(stage, iteration, global_step))
 
 
-@task(name="update_policy", cache_policy=NO_CACHE)
+@task(name="update_policy", task_run_name="update_policy[stage {stage} it {iteration}]", cache_policy=NO_CACHE)
 def update_policy(config: PipelineConfig, run_id: str, stage: int, iteration: int,
                   global_step: int) -> dict[str, Any]:
     """PPO-clip steps on the committed batch, then sync the weights to the rollout engine.
@@ -80,7 +82,7 @@ def update_policy(config: PipelineConfig, run_id: str, stage: int, iteration: in
         raise
 
 
-@task(name="save_checkpoint", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(name="save_checkpoint", task_run_name="save_checkpoint[stage {stage} step {global_step}]", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, stage: int,
                     global_step: int) -> str:
     """Export the policy as an HF folder and log it to MLflow; returns the artifact URI.
@@ -88,7 +90,7 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
     ``global_step`` is the number of iterations completed, so a resume starts there.
     """
     session = get_session(config, run_id)
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     commits = [m.to_dict() for m in session.store.commits("episodes")]
     with tempfile.TemporaryDirectory(prefix="agentgym-ckpt-") as tmp:
         session.export(tmp)
@@ -102,3 +104,20 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
                   "episode_commits": [{"stage": c["stage"], "iteration": c["iteration"], "digest": c["digest"]}
                                       for c in commits]},
         )
+
+
+@task(name="log_final_policy", task_run_name="log_final_policy[{run_id}]", retries=1, retry_delay_seconds=2,
+      cache_policy=NO_CACHE)
+def log_final_policy(config: PipelineConfig, run_id: str, mlflow_run_id: str, checkpoint: str,
+                     global_step: int) -> dict[str, Any]:
+    """Log the final checkpoint as the pipeline run's MLflow model (pyfunc ``policy``) and, with
+    ``tracking.registered_model_name``, register it; once per run (a resume reuses both)."""
+    tracker = Tracker.from_config(config.tracking)
+    folder = materialize(checkpoint, config.tracking.tracking_uri, config.model.cache_dir)
+    name = config.tracking.registered_model_name
+    logged = log_policy_model(
+        tracker.client, tracker.experiment_id, mlflow_run_id, folder, global_step, registered_model_name=name,
+        tags={"agentgym.run_id": run_id, "agentgym.checkpoint": checkpoint, "agentgym.global_step": global_step},
+        description=f"ScalingInter-RL run {run_id}, final policy after {global_step} iterations ({checkpoint})")
+    return {"model_id": logged.model_id, "model_uri": logged.model_uri, "registered_model_name": name,
+            "version": logged.version}

@@ -77,14 +77,14 @@ def generate_demonstrations(config: PipelineConfig) -> dict[str, Any]:
     return out
 
 
-@task(name="sft_train", cache_policy=NO_CACHE)
+@task(name="sft_train", task_run_name="sft_train[{run_id}]", cache_policy=NO_CACHE)
 def sft_train(config: PipelineConfig, run_id: str, sft_mlflow_id: str, demos: dict[str, Any]) -> dict[str, Any]:
     """Fine-tune the base policy on the demonstrations; checkpoint each epoch; log the final
     policy as the run's step-0 checkpoint. A re-run after a kill resumes after the last
     finished epoch (each metric step is logged once)."""
     logger = get_run_logger()
     s = config.sft
-    tracker = Tracker(config.tracking.tracking_uri, config.tracking.experiment)
+    tracker = Tracker.from_config(config.tracking)
     store = _demo_store(config)
     train = store.read_episodes(0, S.TRAIN_PART)
     heldout = store.read_episodes(0, S.HELDOUT_PART) if "heldout" in demos else []

@@ -40,3 +40,33 @@ def test_one_override_replaces_the_schedule_form():
 def test_bad_overrides_say_what_is_wrong(bad, match):
     with pytest.raises(ConfigError, match=match):
         with_overrides(parse_config(BASE), [bad])
+
+
+def _descriptions(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "description" and isinstance(v, str):
+                yield v
+            else:
+                yield from _descriptions(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _descriptions(v)
+
+
+def test_the_prefect_form_describes_every_parameter_in_plain_text():
+    """The Prefect UI renders descriptions as markdown/HTML: ``<env>`` would vanish as a tag."""
+    import re
+
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.train import scaling_inter_rl
+
+    schema = parameter_schema(scaling_inter_rl).model_dump()
+    props = schema["properties"]
+    assert "docs/configuration.md" in props["config"]["description"]
+    assert "field.path=value" in props["overrides"]["description"]
+    texts = list(_descriptions(schema))
+    assert any("eval/ENV/CATEGORY/avg_at_K" in t for t in texts)  # tracking.eval_every, in the form
+    tags = [(t, m) for t in texts for m in re.findall(r"<[A-Za-z/][^>]*>", t)]
+    assert not tags, tags

@@ -38,7 +38,7 @@ def run(tmp_path_factory, model_cache):
         "schedule": {"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 3, "iterations": 2}]},
         "store": {"root": str(tmp / "store")},
         "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "flow-test",
-                     "eval_every": 2, "eval_k": 2},
+                     "eval_every": 2, "eval_k": 2, "registered_model_name": "flow-test-policy"},
     })
     state = scaling_inter_rl(cfg, return_state=True)
     return cfg, state.result(), state.state_details.flow_run_id, tmp
@@ -176,9 +176,132 @@ def test_lineage_commits_as_dataset_inputs_and_in_the_checkpoint(run):
             source = json.loads(i.dataset.source)
             assert source["uri"].endswith("/flow-test/episodes") and source["rows"] == 8
             digests[i.dataset.name] = source["sha256"]
+            # what the MLflow UI shows beside the input: the episodes table's schema and a profile
+            cols = {c["name"]: c["type"] for c in json.loads(i.dataset.schema)["mlflow_colspec"]}
+            assert cols["reward"] == "double" and cols["success"] == "boolean" and "input_ids" in cols
+            profile = json.loads(i.dataset.profile)
+            assert profile["num_rows"] == 8 and 0 <= profile["success_rate"] <= 1 and "reward_mean" in profile
     # every checkpoint names the commits and the config that produced it
     ckpt = Path(result["stages"][-1]["checkpoint"].replace("file://", ""))
     meta = json.loads((ckpt / "agentgym_checkpoint.json").read_text())
     assert {f"episodes/stage={c['stage']}/iteration={c['iteration']}": c["digest"]
             for c in meta["episode_commits"]} == digests
     assert json.loads((ckpt / "agentgym_config.json").read_text()) == cfg.model_dump(mode="json")
+
+
+def _all_task_runs(client, flow_run_id):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    subs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+    ids = [flow_run_id] + [str(s.id) for s in subs]
+    return subs, client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+
+
+def _artifact(client, key):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert len(found) == 1, (key, found)
+    return found[0]
+
+
+def test_prefect_runs_are_named_after_the_run_stage_and_iteration(run):
+    from prefect.client.orchestration import get_client
+
+    _, _, flow_run_id, _ = run
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).name == "flow-test"  # the pipeline run id
+        _, tasks = _all_task_runs(client, flow_run_id)
+    names = {t.name for t in tasks}
+    for want in ("restore_policy[flow-test]", "collect_rollouts[stage 0 h1 it 0]", "collect_rollouts[stage 1 h3 it 1]",
+                 "compute_advantages[stage 1 it 0]", "update_policy[stage 0 it 1]", "save_checkpoint[stage 1 step 4]",
+                 "evaluate_live_run[step 2]", "evaluate_live_run[step 4]", "log_final_policy[flow-test]"):
+        assert want in names, (want, sorted(names))
+
+
+def test_prefect_and_mlflow_link_each_other(run):
+    from prefect.client.orchestration import get_client
+
+    cfg, result, flow_run_id, _ = run
+    flow_run_id = str(flow_run_id)
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    parent = client.get_run(result["mlflow_run_id"])
+    # MLflow -> Prefect: the flow run's id and URL as tags, and in the run's description
+    tags = parent.data.tags
+    assert tags["agentgym.prefect_flow_run_id"] == flow_run_id
+    url = tags["agentgym.prefect_flow_run_url"]
+    assert url.startswith("http://") and url.endswith(f"/runs/flow-run/{flow_run_id}"), url
+    note = tags["mlflow.note.content"]
+    assert "`flow-test`" in note and url in note and "keyword" in note
+    with get_client(sync_client=True) as pc:
+        subs, _ = _all_task_runs(pc, flow_run_id)
+        stage_flow_runs = {r.parameters["index"]: str(r.id) for r in subs}
+        for s in result["stages"]:  # each stage run points at its own stage subflow run
+            stage_tags = client.get_run(s["mlflow_run_id"]).data.tags
+            assert stage_tags["agentgym.prefect_flow_run_id"] == stage_flow_runs[s["stage"]]
+            assert f"Stage {s['stage']} of ScalingInter-RL run `flow-test`" in stage_tags["mlflow.note.content"]
+        # Prefect -> MLflow: a link artifact of the top-level flow run to the pipeline run's page
+        link = _artifact(pc, "mlflow-flow-test")
+        assert str(link.flow_run_id) == flow_run_id  # Prefect keeps a link artifact as markdown
+        assert link.data == (f"[MLflow pipeline run flow-test](http://127.0.0.1:5000/#/experiments/"
+                             f"{parent.info.experiment_id}/runs/{parent.info.run_id})"), link.data
+        # the run's summary: per-stage table, evaluation, links
+        summary = _artifact(pc, "summary-flow-test")
+    assert summary.type == "markdown" and str(summary.flow_run_id) == flow_run_id
+    text = summary.data
+    stages = result["stages"]
+    assert f"| 0 | 1 | 2 | {stages[0]['success_rate']:.4f} |" in text and "| 1 | 3 | 2 |" in text, text
+    assert f"#/experiments/{parent.info.experiment_id}/runs/{stages[1]['mlflow_run_id']}" in text
+    assert "`eval/overall/avg_at_2`" in text and "models:/flow-test-policy/1" in text
+
+
+def test_final_policy_is_a_registered_mlflow_model(run):
+    import mlflow.pyfunc
+
+    from agentgym.registry import materialize
+
+    cfg, result, _, _ = run
+    uri = cfg.tracking.tracking_uri
+    client = MlflowClient(uri, registry_uri=uri)
+    versions = client.search_model_versions("name = 'flow-test-policy'")
+    assert [v.version for v in versions] == [1] and result["model"]["version"] == "1"
+    mv = versions[0]
+    assert mv.run_id == result["mlflow_run_id"]
+    logged = client.get_logged_model(result["model"]["model_id"])
+    assert logged.source_run_id == result["mlflow_run_id"] and str(logged.status).endswith("READY")
+    outputs = client.get_run(result["mlflow_run_id"]).outputs.model_outputs
+    assert [(o.model_id, o.step) for o in outputs] == [(logged.model_id, 4)]
+    # the registered version holds the final checkpoint's weights ...
+    folder = materialize("models:/flow-test-policy/1", uri, cfg.model.cache_dir)
+    final = Path(result["stages"][-1]["checkpoint"].replace("file://", ""))
+    a = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(final).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # ... and loads as an MLflow pyfunc that answers a prompt
+    model = mlflow.pyfunc.load_model(mv.source)
+    replies = model.predict(pd.DataFrame({"prompt": ["say yes"]}), params={"max_new_tokens": 4})
+    assert len(replies) == 1 and isinstance(replies[0], str)
+
+
+def test_a_run_without_an_id_is_renamed_to_the_id_it_makes_up():
+    """The flow run's name comes from ``config.run_id`` after the overrides; a run that has none
+    is named by its body once the id is made up."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    from agentgym.config import PipelineConfig
+    from tasks.links import PENDING, name_flow_run, pipeline_run_name
+
+    @flow(flow_run_name=pipeline_run_name)
+    def named(config: PipelineConfig, overrides: list[str] | None = None):
+        before = flow_run.name
+        name_flow_run("made-up-id")
+        return before, str(flow_run.id)
+
+    before, fr_id = named(parse_config({}), ["seed=3"])
+    assert before == PENDING
+    assert named(parse_config({}), ["run_id=from-overrides"])[0] == "from-overrides"
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(fr_id).name == "made-up-id"
