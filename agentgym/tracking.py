@@ -157,6 +157,28 @@ class CheckpointRef:
     meta: dict[str, Any]
 
 
+#: config keys whose values are credentials: never logged (params, config.json), shown as "***"
+SECRET_KEY_PARTS = ("secret", "password", "token", "credential", "access_key", "session")
+
+
+def redact_secrets(d: Any) -> Any:
+    """``d`` with every value under a credential-like key (``SECRET_KEY_PARTS``, or exactly
+    ``key``, as s3fs names the access key id) replaced by ``"***"``, recursively. The config is
+    logged to MLflow for everyone who can read the experiment; credentials belong in the
+    environment (``AWS_ACCESS_KEY_ID`` ...), and where a config holds some anyway they stay out."""
+    if isinstance(d, dict):
+        return {k: "***" if _is_secret_key(str(k)) and v not in (None, "") else redact_secrets(v)
+                for k, v in d.items()}
+    if isinstance(d, list):
+        return [redact_secrets(v) for v in d]
+    return d
+
+
+def _is_secret_key(key: str) -> bool:
+    k = key.lower()
+    return k == "key" or any(part in k for part in SECRET_KEY_PARTS)
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
@@ -214,11 +236,12 @@ class Tracker:
         """The parent run of pipeline ``run_id`` (created, with the config as params, once)."""
         found = self._find(**{TAG_RUN: run_id, TAG_KIND: "pipeline"})
         if found:
-            self._check_same_config(found, run_id, flatten(config))
+            self._check_same_config(found, run_id, flatten(redact_secrets(config)))
             self.client.update_run(found, status="RUNNING")
             return found
         run = self.client.create_run(self.experiment_id, run_name=run_id,
                                      tags={TAG_RUN: run_id, TAG_KIND: "pipeline"})
+        config = redact_secrets(config)
         params = flatten(config)
         items = list(params.items())
         for i in range(0, len(items), 90):  # MLflow caps a batch at 100 params
