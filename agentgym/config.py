@@ -350,6 +350,12 @@ class TrainerConfig(_Strict):
     learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    max_nonfinite_skips: int = Field(
+        3, ge=1,
+        description="An optimizer step whose loss or gradient is not finite (NaN/Inf) is skipped: "
+        "weights, AdamW moments and the learning-rate schedule stay as they were, and the metric "
+        "nonfinite_skips counts it. This many skipped steps in a row stop training with "
+        "NonFiniteTrainingError (the count restarts at the next applied step).")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
     world_size: int = Field(

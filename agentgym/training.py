@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import random
+import types
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -305,6 +306,79 @@ def _load_value_head(head: torch.nn.Linear, folder: Path) -> None:
     head.load_state_dict({k: v.to(head.weight.dtype) for k, v in state.items()})
 
 
+class NonFiniteTrainingError(RuntimeError):
+    """``trainer.max_nonfinite_skips`` optimizer steps in a row had a non-finite loss or gradient."""
+
+
+class _FiniteWatch:
+    """Notices non-finite gradients reaching one DeepSpeed engine's trainable parameters, and
+    lets that engine's next ``step()`` apply nothing (``skipping``).
+
+    Why hooks: where gradients live after the backward depends on the ZeRO stage and on bf16
+    (``p.grad``, a ZeRO partition, the bf16 optimizer's fp32 buffer), but at every stage each
+    micro-batch's gradient passes through its parameter's autograd hook first, whole, before
+    DeepSpeed reduces or partitions it. A sum with a non-finite term is non-finite, so checking
+    the terms checks the accumulated gradient.
+
+    Why a switched-off inner step rather than no ``engine.step()``: DeepSpeed's own overflow
+    check skips NaN gradients under ZeRO 1-3 and its bf16 optimizer, but not at ZeRO-0 in fp32
+    (a NaN gradient there became NaN weights: clipping by a NaN norm), and it still advances its
+    step counters. Calling ``engine.step()`` with the AdamW step turned off lets each stage clear
+    its gradient buffers its own way while nothing is applied.
+
+    Built before ``deepspeed.initialize`` (on the module and the AdamW passed to it), so the LR
+    scheduler DeepSpeed builds wraps the guarded step and sees no override.
+    """
+
+    def __init__(self, module: torch.nn.Module, base_optimizer: torch.optim.Optimizer):
+        self.engine: Any = None  # the DeepSpeed engine, set once initialized
+        self._finite: list[torch.Tensor] = []  # one flag per hooked gradient since the last take()
+        for p in module.parameters():  # ZeRO-3 partitions these same Parameter objects in place
+            if p.requires_grad:
+                p.register_hook(self._check)
+        self._skip = False
+        inner_step = base_optimizer.step
+
+        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            return None if self._skip else inner_step(*args, **kwargs)
+
+        # a bound method, as torch's LR scheduler expects to find (it wraps ``step.__func__``)
+        base_optimizer.step = types.MethodType(step, base_optimizer)  # type: ignore[method-assign]
+
+    def _check(self, grad: torch.Tensor) -> None:
+        # a tensor, not bool(): no device sync per parameter; read once per optimizer step
+        self._finite.append(torch.isfinite(grad).all())
+
+    def take(self) -> bool:
+        """Whether every gradient seen since the last call was finite; forgets them."""
+        flags, self._finite = self._finite, []
+        return bool(torch.stack([f.cpu() for f in flags]).all()) if flags else True
+
+    @contextlib.contextmanager
+    def skipping(self) -> Iterator[None]:
+        """``engine.step()`` inside applies nothing: no AdamW step (weights and moments stay),
+        the learning-rate schedule does not advance, DeepSpeed's step counters stay (its
+        ``skipped_steps`` counts the step); the gradients are cleared as after any step."""
+        e = self.engine
+        scheduler, steps, samples, skipped = e.lr_scheduler, e.global_steps, e.global_samples, e.skipped_steps
+        e.lr_scheduler = None  # DeepSpeed steps the schedule only when it has one
+        # ZeRO 1/2 and the bf16 optimizer link AdamW's per-parameter state after their first
+        # step; with no state yet that would add empty entries to it: leave it for a real step.
+        opt = e.optimizer
+        unlinked = getattr(opt, "_hp_optimizer_states_linked", None) is False
+        if unlinked:
+            opt._hp_optimizer_states_linked = True
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+            if unlinked:
+                opt._hp_optimizer_states_linked = False
+            e.lr_scheduler = scheduler
+            e.global_steps, e.global_samples, e.skipped_steps = steps, samples, skipped + 1
+
+
 class PolicyTrainer:
     """A DeepSpeed engine over the policy, plus a frozen reference model when KL is used and a
     critic (a second engine, or a value head in the policy's) for estimator gae."""
@@ -369,14 +443,20 @@ class PolicyTrainer:
                            "weight_decay": algorithm.critic.weight_decay})
         optimizer = torch.optim.AdamW(groups, lr=trainer.learning_rate, weight_decay=trainer.weight_decay)
         schedule = lr_lambda(trainer)
+        wrapped = _LogprobModel(model, head)
+        self._watch = _FiniteWatch(wrapped, optimizer)
         # A callable: DeepSpeed builds the scheduler on the optimizer it really steps, steps it
         # at each accumulation boundary (= optimizer step) and keeps it in its checkpoints.
         self.engine, self.optimizer, _, self.lr_scheduler = deepspeed.initialize(
-            model=_LogprobModel(model, head), optimizer=optimizer, config=ds_config,
+            model=wrapped, optimizer=optimizer, config=ds_config,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
         )
+        self._watch.engine = self.engine
         if self.lora:
             self._adapter_only_checkpoints()
+        self._critic_watch: _FiniteWatch | None = None
+        self.nonfinite_streak = 0  # optimizer steps skipped in a row (NonFiniteTrainingError at the max)
+        self.nonfinite_skips = 0  # optimizer steps skipped since the trainer started
         self.critic_engine = None
         self.critic_steps = 0
         if self.critic_mode == "separate":
@@ -404,9 +484,11 @@ class PolicyTrainer:
             _load_value_head(head, saved)
         critic = _ValueModel(trunk, head)
         optimizer = torch.optim.AdamW(critic.parameters(), lr=cc.learning_rate, weight_decay=cc.weight_decay)
+        self._critic_watch = _FiniteWatch(critic, optimizer)
         self.critic_engine, self.critic_optimizer, _, _ = deepspeed.initialize(
             model=critic, optimizer=optimizer, config={**ds_config, "gradient_clipping": cc.grad_clip},
         )
+        self._critic_watch.engine = self.critic_engine
 
     @property
     def has_critic(self) -> bool:
@@ -776,6 +858,11 @@ class PolicyTrainer:
         ``critic_grad_norm``); with ``recompute_old_logprobs`` ``old_logprob_abs_diff`` (mean
         |recomputed - engine| old log-prob over policy tokens). Recomputed old log-probs and
         missing old values are computed before the first step (``compute``).
+
+        A step whose loss or gradient is not finite is skipped (nothing applied, see
+        ``_FiniteWatch``) and counted in ``nonfinite_skips``; ``optimizer_steps`` counts applied
+        steps and the metrics above are theirs. ``trainer.max_nonfinite_skips`` skips in a row
+        (across calls) raise ``NonFiniteTrainingError``.
         """
         if objective not in ("ppo", "sft"):
             raise ValueError(f"train_on_batch: objective must be 'ppo' or 'sft', got {objective!r}")
@@ -789,7 +876,7 @@ class PolicyTrainer:
         history: dict[str, list[float]] = {}
         step_losses: list[float] = []
         lr = float("nan")
-        steps = 0
+        steps = skipped = 0
         n, rank = self.world_size, self.rank
         mbs = self.cfg.micro_batch_size
         for _ in range(epochs or self.algo.ppo_epochs):
@@ -806,7 +893,8 @@ class PolicyTrainer:
                 shares = torch.tensor_split(by_length, n)
                 micro = list(torch.split(shares[rank], mbs)) if len(shares[rank]) else []
                 passes = max(1, max(math.ceil(len(sh) / mbs) for sh in shares))
-                step_loss = 0.0
+                step_loss, finite_loss = 0.0, True
+                step_history: dict[str, list[float]] = {}
                 for k in range(passes):
                     self.engine.set_gradient_accumulation_boundary(k == passes - 1)
                     if k < len(micro):
@@ -818,15 +906,25 @@ class PolicyTrainer:
                     micro_loss = self._sft_micro_loss if sft else self._micro_loss
                     loss, m = micro_loss(mb, norm_length=batch.input_ids.shape[1])
                     self.engine.backward(loss * (w * n), scale_wrt_gas=False)
+                    finite_loss &= math.isfinite(float(loss.detach()))
                     if critic is not None:  # same micro-batch, same weight, its own engine
                         critic.set_gradient_accumulation_boundary(k == passes - 1)
                         closs, cm = self._critic_micro_loss(mb, norm_length=batch.input_ids.shape[1])
                         critic.backward(closs * (w * n), scale_wrt_gas=False)
+                        finite_loss &= math.isfinite(float(closs.detach()))
                         m = {**m, **cm}
                     if k < len(micro):
                         step_loss += w * float(loss.detach())
                         for key, v in m.items():
-                            history.setdefault(key, []).append(v)
+                            step_history.setdefault(key, []).append(v)
+                fault = self._step_fault(finite_loss, critic)
+                if fault is not None:  # nothing is applied; the step's metrics are dropped
+                    self._skip_step(critic, fault)
+                    skipped += 1
+                    continue
+                self.nonfinite_streak = 0
+                for key, v in step_history.items():
+                    history.setdefault(key, []).extend(v)
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 self.engine.step()
                 step_losses.append(step_loss)
@@ -860,5 +958,44 @@ class PolicyTrainer:
         out["loss"] = float(np.mean(step_losses)) if step_losses else float("nan")
         out["lr"] = lr
         out["optimizer_steps"] = float(steps)
+        out["nonfinite_skips"] = float(skipped)
         out.update(pre)
         return out
+
+    def _step_fault(self, finite_loss: bool, critic: Any) -> str | None:
+        """Why the optimizer step about to be taken must be skipped, or None: a non-finite loss
+        or gradient (policy or critic) on any rank. With N ranks this is a collective, so every
+        rank skips or steps alike (a partial step would leave the ranks' weights different)."""
+        finite_grad = self._watch.take()
+        if self._critic_watch is not None:  # taken even when idle: it must not carry flags over
+            finite_grad = self._critic_watch.take() and finite_grad
+        bad = torch.tensor([float(not finite_loss), float(not finite_grad)])
+        if self.world_size > 1:
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        if bad[0]:
+            return "a non-finite loss"
+        if bad[1]:
+            return "a non-finite gradient"
+        return None
+
+    def _skip_step(self, critic: Any, fault: str) -> None:
+        """Take the step with nothing applied (gradients cleared, weights, AdamW state and LR
+        schedule as they were); raise ``NonFiniteTrainingError`` at ``max_nonfinite_skips`` in
+        a row."""
+        with self._watch.skipping():
+            self.engine.step()
+        if critic is not None and self._critic_watch is not None:
+            with self._critic_watch.skipping():
+                critic.step()
+        self.nonfinite_streak += 1
+        self.nonfinite_skips += 1
+        limit = self.cfg.max_nonfinite_skips
+        log.warning("optimizer step skipped: %s (NaN/Inf; %d in a row, training stops at %d)",
+                    fault, self.nonfinite_streak, limit)
+        if self.nonfinite_streak >= limit:
+            raise NonFiniteTrainingError(
+                f"{self.nonfinite_streak} optimizer steps in a row had {fault} (NaN/Inf) and were "
+                f"skipped (trainer.max_nonfinite_skips={limit}); weights and optimizer state are "
+                "those of the last applied step. Look for NaN/Inf in the batch (advantages, "
+                "returns, old log-probs) or lower trainer.learning_rate; raise "
+                "trainer.max_nonfinite_skips to tolerate more skips in a row.")
