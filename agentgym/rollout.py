@@ -13,8 +13,9 @@ of episodes however many the iteration has. ``run_episodes`` collects them, in s
 Episode outcome: reward = sum of step rewards (or the last one, where the adapter reports a
 running score with ``info["reward_is_cumulative"]``), clipped to [0, 1]; each turn's ``reward``
 is its increment, so the turns add up to the outcome. An environment fault
-(``InfraError``) marks the episode ``infra_error``; it stops, keeps no reward, and the
-advantage step leaves it out of every baseline.
+(``InfraError``, or a step whose reward is NaN, Inf or not a number) marks the episode
+``infra_error``; it stops, keeps no reward, and the advantage step leaves it out of every
+baseline.
 
 ``constrain_actions``: where the environment lists its valid actions, the reply is not free
 text but one of those actions in the reply format (``ChatFormatter.action_reply_ids``), drawn by
@@ -25,6 +26,7 @@ none (``valid_actions()`` is ``None`` or empty), the reply is generated as usual
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -249,7 +251,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
 
     def step(j: int) -> tuple[tuple[StepResult, float] | None, str | None]:
         t0 = time.perf_counter()
-        res, err = _safe(lambda: fits[j].env.step(replies[j]))  # type: ignore[union-attr]
+        res, err = _safe(lambda: checked(fits[j].env.step(replies[j])))  # type: ignore[union-attr]
         return (res, (time.perf_counter() - t0) * 1000.0) if res else None, err
 
     for j, (out, err) in enumerate(pool.map(step, range(len(fits)))):
@@ -304,6 +306,22 @@ def _finish(lv: _Live) -> Episode:
     return lv.ep
 
 
+def checked(res: StepResult) -> StepResult:
+    """``res`` if its reward is a finite number; else ``InfraError``. An environment that
+    answers NaN or Inf is broken: clipping would make NaN a silent 0 (``max(0.0, nan)`` is 0.0)
+    and Inf a success, both read as the policy's doing. As an infra error the episode is
+    unscored and left out of every baseline, and enough of them stop the iteration
+    (``rollout.max_infra_error_fraction``)."""
+    try:
+        reward = float(res.reward)
+    except (TypeError, ValueError):
+        raise InfraError(f"env returned a reward that is not a number: {res.reward!r}") from None
+    if not math.isfinite(reward):
+        raise InfraError(f"env returned a non-finite reward ({reward}); an environment's reward must "
+                         "be a finite number in [0, 1]: the environment is broken, not the policy")
+    return res
+
+
 def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: str, res: StepResult, *,
                 gen_tokens: int, latency_ms: float) -> bool:
     """Book one environment step into ``ep`` (reward, ``Turn`` row, success, end flags); returns
@@ -312,6 +330,7 @@ def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: s
     # Most adapters reward the step; SciWorld-style ones report a running score. Either way the
     # turn records its own increment, so the turns' rewards add up to the episode outcome (what
     # turn-level credit assignment needs).
+    checked(res)  # callers outside the rollout (demonstrations) get the same refusal
     running = ep.reward
     total = float(res.reward) if res.info.get("reward_is_cumulative") else running + float(res.reward)
     ep.reward = min(1.0, max(0.0, total))

@@ -125,6 +125,38 @@ def test_infra_error_marks_episode_and_rest_completes(setup):
     assert all(not e.infra_error and e.num_turns == 3 for e in good)
 
 
+class _BrokenReward(TextEnv):
+    """Answers the second step of task 1 with a reward of NaN, of task 2 with Inf and of task 3
+    with None; task 0 behaves."""
+
+    name = "broken-reward"
+    BAD = {1: float("nan"), 2: float("inf"), 3: None}
+
+    def reset(self, task_id, seed=0):
+        self.task, self.n = task_id, 0
+        return "start", {}
+
+    def step(self, action_text):
+        self.n += 1
+        if self.task in self.BAD and self.n == 2:
+            return StepResult("ok", self.BAD[self.task], False)
+        return StepResult("again", 0.0, False)
+
+
+def test_non_finite_reward_is_an_infra_error_never_a_zero(setup):
+    """Clipping to [0, 1] made NaN a 0 (a failure) and Inf a 1 (a success): a broken env must
+    instead leave its episode unscored, like a crash."""
+    engine, fmt = setup
+    specs = [EpisodeSpec("broken-reward", t, 0, f"g{t}", f"e{t}") for t in range(4)]
+    eps = {e.task_id: e for e in run_episodes(engine, fmt, specs, RolloutSettings(horizon=3, max_new_tokens=4),
+                                              lambda name, **kw: _BrokenReward())}
+    assert not eps[0].infra_error and eps[0].reward == 0.0 and eps[0].num_turns == 3
+    for t in (1, 2):
+        assert eps[t].infra_error and "non-finite reward" in eps[t].error, eps[t].error
+        assert math.isnan(eps[t].reward) and not eps[t].success
+    assert eps[3].infra_error and "not a number" in eps[3].error
+
+
 def test_env_steps_run_concurrently(setup):
     engine, fmt = setup
     specs = [EpisodeSpec("slow", 0, 0, "g", f"e{i}") for i in range(8)]
