@@ -22,6 +22,7 @@ Contract (checked by ``env_adapters.checker.check_env`` for every adapter):
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,3 +85,14 @@ def format_error(message: str, **info: Any) -> StepResult:
         observation=message, reward=0.0, terminated=False, truncated=False,
         info={"format_error": True, **info},
     )
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD. Invalid UTF-8 decoded with
+    ``surrogateescape`` (or a JSON ``\\udcxx`` escape) gives such characters; they cannot be
+    encoded as UTF-8, so a transport (HTTP JSON body, a JVM bridge) would raise on them instead
+    of letting the adapter answer a format error."""
+    return _SURROGATE.sub("\ufffd", text)

@@ -58,7 +58,7 @@ from typing import Any
 
 import httpx
 
-from env_adapters.base import InfraError, StepResult, TextEnv, format_error
+from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf8_safe
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,8 @@ class HTTPEnv(TextEnv):
         if self.env_id is None or self._closed:
             raise InfraError(f"{self.name}: step() on {self.base_url} before reset() or after "
                              "close()")
-        reply = action_text if isinstance(action_text, str) else str(action_text)
+        # lone surrogates (invalid UTF-8 from a tokenizer) cannot go into a UTF-8 JSON body
+        reply = utf8_safe(action_text if isinstance(action_text, str) else str(action_text))
         action, error = self.dialect.extract_action(reply)
         if error is not None:
             return format_error(error, parsed_action=None)

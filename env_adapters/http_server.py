@@ -44,7 +44,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 import env_adapters
-from env_adapters.base import TextEnv
+from env_adapters.base import TextEnv, utf8_safe
 
 log = logging.getLogger(__name__)
 
@@ -358,6 +358,9 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
             raise EnvRequestError("missing field 'action'", "bad_request")
         if not isinstance(action, str):
             action = json.dumps(action)  # the adapter judges it, like any reply
+        # a "\\udcff" escape parses to a lone surrogate: an adapter echoing it in its
+        # observation would make the UTF-8 response fail (HTTP 500, an infra error)
+        action = utf8_safe(action)
 
         def run() -> dict[str, Any]:
             with pool.use(env_id) as slot:

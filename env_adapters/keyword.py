@@ -64,6 +64,8 @@ class KeywordEnv(TextEnv):
         ok = reply.lower().startswith(self.target.lower())
         self._done = ok
         obs = "Correct." if ok else f"Wrong. {self._instruction()}"
+        # a wrong word is an action the environment does not list (valid_actions() is the
+        # target): flagged like any adapter's invalid action, so wasted turns count alike
         return StepResult(obs, 1.0 if ok else 0.0, ok, False,
                           {"parsed_action": reply.split()[0] if reply.split() else None,
-                           "success": ok, "format_error": False})
+                           "success": ok, "format_error": False, "invalid_action": not ok})

@@ -8,6 +8,8 @@ import time
 
 import uvicorn
 
+from env_adapters.base import TextEnv, format_error
+
 
 class ServerThread:
     """uvicorn in a daemon thread on a free loopback port."""
@@ -40,3 +42,16 @@ class ServerThread:
             self.thread.join(timeout=5)
         self.sock.close()
         assert not self.thread.is_alive()
+
+
+
+class EchoEnv(TextEnv):
+    """An adapter that quotes the reply in its observation, as error messages often do."""
+
+    name = "echo"
+
+    def reset(self, task_id, seed=0):
+        return "say something", {}
+
+    def step(self, action_text):
+        return format_error(f"Not an action: {action_text}")

@@ -22,10 +22,14 @@ OWN_ADAPTERS = textwrap.dedent('''
             return f"say {task_id}", {}
 
         def step(self, action_text):
-            if "Action:" not in action_text or not action_text.split("Action:", 1)[1].strip():
+            answer = action_text.split("Action:")[-1].strip() if "Action:" in action_text else ""
+            if not answer.isascii() or not answer.isdigit():
                 return format_error("Write 'Action: <number>'.")
-            ok = action_text.split("Action:", 1)[1].strip() == str(self.task)
+            ok = answer == str(self.task)
             return StepResult("right" if ok else "wrong", float(ok), ok)
+
+        def valid_actions(self):
+            return [str(i) for i in range(4)]
 
         @classmethod
         def task_category(cls, task_id):
@@ -37,6 +41,13 @@ OWN_ADAPTERS = textwrap.dedent('''
         def step(self, action_text):
             if not action_text:
                 raise ValueError("empty reply")
+            return super().step(action_text)
+
+    class EncodesReply(Good):
+        name = "encodes"
+
+        def step(self, action_text):
+            action_text.encode("utf-8")  # as a socket or a JVM bridge would: lone surrogates fail
             return super().step(action_text)
 
     class IntReward(Good):
@@ -63,6 +74,7 @@ def test_env_check_passes_a_good_adapter_by_import_path(own_module):
 
 @pytest.mark.parametrize("cls, violation", [
     ("RaisesOnGarbage", "ValueError"),  # a malformed reply must be a format error, never raise
+    ("EncodesReply", "UnicodeEncodeError"),  # invalid UTF-8 decoded with surrogateescape
     ("IntReward", "reward must be a float"),
 ])
 def test_env_check_names_the_violation(own_module, cls, violation):

@@ -36,6 +36,28 @@ def test_conformance_over_http(env_name: str) -> None:
         server.stop()
 
 
+def test_a_lone_surrogate_from_any_client_is_answered_not_a_500(monkeypatch):
+    """A client may send invalid UTF-8 as a JSON "\\udcff" escape; an adapter quoting the reply
+    would then make the UTF-8 response fail (HTTP 500). The server replaces lone surrogates
+    first, so the reply is answered like any other garbage."""
+    import httpx
+
+    import env_adapters
+
+    monkeypatch.setitem(env_adapters.ADAPTERS, "echo", "serving:EchoEnv")
+    server = ServerThread(create_app("echo", max_envs=2))
+    try:
+        env_id = httpx.post(f"{server.url}/create", json={}).json()["id"]
+        httpx.post(f"{server.url}/reset", json={"id": env_id, "data_idx": 0})
+        raw = '{"id": %d, "action": "Action: \\udcff\\ud800 fly"}' % env_id
+        resp = httpx.post(f"{server.url}/step", content=raw, headers={"content-type": "application/json"})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["observation"] == "Not an action: Action: \ufffd\ufffd fly"
+        assert resp.json()["info"]["format_error"] is True
+    finally:
+        server.stop()
+
+
 def test_killed_server_gives_infra_error_rest_completes(tiny_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
