@@ -17,14 +17,18 @@ Failures: a rank that dies (its connection closes or the launcher exits) or answ
 exception takes the group down: the call raises ``GroupError`` naming the rank, its exit code
 (from the launcher's report) and the tail of its log; later calls raise it again until
 ``restart()``, which relaunches the group and reloads the last checkpoint this group saved or
-loaded. ``close()`` is idempotent and always ends the launcher's process tree.
+loaded. ``close()`` is idempotent, always ends the launcher's process tree and removes the
+group's temporary folder (logs, torchrun's log folder), also after a failure; a ``run_dir``
+given by the caller is kept.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import logging
 import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -46,6 +50,9 @@ from agentgym.group_launcher import (
 )
 from agentgym.group_rpc import AUTHKEY_ENV, Connection, RankAcceptor, recv, send, wait
 from agentgym.training import TrainBatch
+
+
+log = logging.getLogger(__name__)
 
 
 class GroupError(RuntimeError):
@@ -89,6 +96,9 @@ class ResidentGroup:
         self.cfg, self.algo = trainer, algorithm
         self.world_size = trainer.world_size
         self.start_timeout_s, self.command_timeout_s = start_timeout_s, command_timeout_s
+        # A folder we make is ours to remove at close() (launcher and rank logs, the DeepSpeed
+        # env file, torchrun's log folder); one the caller gives is theirs to keep.
+        self._owns_run_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="agentgym-group-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._init_args = {
@@ -167,7 +177,17 @@ class ResidentGroup:
         self.timings["start_s"] = time.perf_counter() - t0
 
     def close(self) -> None:
-        """Stop the ranks (politely, then by signal to the launcher's process group)."""
+        """Stop the ranks (politely, then by signal to the launcher's process group) and remove
+        the group's temporary folder (when no ``run_dir`` was given). Idempotent; also run at
+        interpreter exit for groups never closed."""
+        self._stop()
+        if self._owns_run_dir and self.run_dir.exists():
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.run_dir.exists():
+                log.warning("could not remove the training group's folder %s", self.run_dir)
+
+    def _stop(self) -> None:
+        """Stop the ranks; the run folder stays (a ``restart`` starts its next attempt there)."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             for conn in self._conns.values():
@@ -189,7 +209,7 @@ class ResidentGroup:
         """Relaunch the group (after a failure) and reload the last checkpoint it saved or
         loaded; returns that checkpoint's client_state ({} when there was none: the ranks then
         start again from the model folder)."""
-        self.close()
+        self._stop()
         self.restarts += 1
         self.optimizer_steps = 0
         self._start()
@@ -214,14 +234,17 @@ class ResidentGroup:
         """Take the group down and raise a GroupError that says what happened to whom."""
         proc = self._proc
         if rank_error is not None:
-            self.close()  # the ranks are alive: ask them to exit (a rank stuck in a collective is killed)
+            self._stop()  # the ranks are alive: ask them to exit (a rank stuck in a collective is killed)
         elif proc is not None:
             try:  # the launcher notices a dead rank, ends the others and reports exit codes
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 kill_tree(proc)
         msg = post_mortem(op, rank, why, rank_error, self.world_size, self.log_dir, self._launcher_log)
-        self.close()
+        if self._owns_run_dir:
+            msg += ("\n(the logs above are in a temporary folder removed when the group is closed; "
+                    "give ResidentGroup a run_dir to keep them)")
+        self._stop()
         self._error = msg
         raise GroupError(msg)
 

@@ -42,9 +42,12 @@ def launcher_cmd(cfg: TrainerConfig, world_size: int, driver: tuple[str, int], m
     driver listens."""
     worker = ["-m", WORKER_MODULE, "--driver", f"{driver[0]}:{driver[1]}", "--log-dir", str(log_dir)]
     if cfg.hostfile is None:
+        # --log-dir: torchrun's own folder (error files) inside ours, removed with the group;
+        # without it torchrun leaves a /tmp/torchelastic_* folder behind per launch
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                 f"--nproc-per-node={world_size}", f"--master-addr={cfg.master_addr}",
-                f"--master-port={master_port}", "--max-restarts=0", "--monitor-interval=0.2", *worker]
+                f"--master-port={master_port}", "--max-restarts=0", "--monitor-interval=0.2",
+                f"--log-dir={log_dir / 'torchrun'}", *worker]
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     return [launcher, "--hostfile", cfg.hostfile, "--master_addr", cfg.master_addr,
             "--master_port", str(master_port), "--no_local_rank", "--module", *worker[1:]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,7 +57,12 @@ def _cfgs(stage: int, world: int, **kw):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage):
+def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage, monkeypatch):
+    # an isolated temp folder (this process's and the ranks'): the group must leave nothing in it
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("TMPDIR", str(tmp))
     tok = AutoTokenizer.from_pretrained(tiny_path)
     # 7 rows: mini-batches of 4 and 3, so in the second one rank 1 has 1 row and rank 0 has 2
     # (uneven shares; ZeRO-3 needs both ranks to run the same number of passes).
@@ -64,6 +70,7 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage):
     group = create_trainer(tiny_path, tok, *_cfgs(stage, 2), seed=0)
     try:
         assert isinstance(group, ResidentGroup) and isinstance(group, Trainer) and group.pad_id == tok.pad_token_id
+        assert group.run_dir.parent == tmp and group.run_dir.name.startswith("agentgym-group-")
         if stage == 2:  # the pipeline's path: every rank reads the batch from the trajectory store
             store = TrajectoryStore(str(tmp_path / "store"), "dist")
             store.write_train_batch(_rows(512, n=7, seed=0), stage=0, iteration=0)
@@ -79,12 +86,18 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage):
         with pytest.raises(FileNotFoundError):  # checked before the ranks see it: group stays up
             group.load_checkpoint(tmp_path / "nothing")
         if stage == 3:  # an exception inside the ranks takes the group down, with its traceback
-            with pytest.raises(GroupError, match=r"(?s)rank \d of 2 failed.*raised an exception.*unknown command"):
+            with pytest.raises(GroupError, match=r"(?s)rank \d of 2 failed.*raised an exception.*unknown command"
+                                                 r".*removed when the group is closed"):
                 group._command("no-such-command")
+            assert (group.log_dir / "launcher.log").exists()  # kept until close(): restart() uses it
             with pytest.raises(GroupError, match="restart"):
                 group.ping()
+        assert any((group.log_dir / "torchrun").iterdir())  # torchrun's log folder is in ours
     finally:
         group.close()
+    # after a run (and after a failure, stage 3) nothing is left: no agentgym-group-* folder
+    # (logs, DeepSpeed env file) and no torchelastic_* folder of torchrun's
+    assert sorted(p.name for p in tmp.iterdir()) == []
     single = PolicyTrainer(tiny_path, tok, *_cfgs(stage, 1), seed=0)
     want = single.train_on_batch(batch, seed=5)
     want_w = {k: v.detach().clone() for k, v in single.named_weights()}
