@@ -94,7 +94,7 @@ def store(tmp_path: Path) -> TrajectoryStore:
 ARROW_EXIT_ABORT = "terminate called without an active exception"
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path | None = None, **extra_env: str) -> subprocess.CompletedProcess:
     """Run ``agentgym ARGS`` in a fresh interpreter, as a user would.
 
     pyarrow 25 sometimes aborts at interpreter exit, after the program has finished, with only
@@ -102,7 +102,7 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     about once in 40 runs here, for any command that read Parquet). That one case is run again
     once; any other failure is returned as it is.
     """
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250", "NO_COLOR": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250", "NO_COLOR": "1", **extra_env}
     for _ in range(2):
         p = subprocess.run([sys.executable, "-m", "agentgym_cli.cli", *args], cwd=cwd or ROOT,
                            env=env, capture_output=True, text=True, timeout=120)
@@ -277,6 +277,28 @@ def test_view_writes_a_self_contained_file_with_the_store_rows(store, tmp_path):
     assert data["turns"]["e-nasty"][0]["observation"] == NASTY
     assert data["omitted_episodes"] == 0
     assert [(r["stage"], r["iteration"]) for r in data["iterations"]] == [(1, 0), (1, 1), (2, 0)]
+
+
+def test_cli_inspect_and_view_read_a_store_on_s3(s3_server, tmp_path):
+    """The same store on a real S3-compatible server (SeaweedFS), credentials and endpoint from
+    the environment as a user would give them: inspect prints the same rows, view embeds them."""
+    root = f"s3://{s3_server['bucket']}/inspect"
+    s3 = TrajectoryStore(root, RUN, s3_server["storage_options"])
+    for step, ((stage, it), eps) in enumerate(sorted(STORE_EPISODES.items())):
+        s3.write_episodes(eps, stage=stage, iteration=it, global_step=step, policy_version=step)
+    env = {"AWS_ACCESS_KEY_ID": s3_server["key"], "AWS_SECRET_ACCESS_KEY": s3_server["secret"],
+           "AWS_ENDPOINT_URL": s3_server["endpoint_url"], "AWS_DEFAULT_REGION": "us-east-1"}
+
+    p = cli("inspect", f"{root}/{RUN}", **env)
+    assert p.returncode == 0, p.stderr
+    lines = [re.sub(r"[│┃|]", " ", ln).split() for ln in p.stdout.splitlines()]
+    assert ["1", "0", "0", "6", "3", "1", "0.500", "0.500", "2.500", "0.200", "0.200"] in lines
+    assert ["e-fail", "babyai", "11", "1", "0", "0.000", "no", "3"] in lines
+    out = tmp_path / "s3.html"
+    p = cli("view", f"{root}/{RUN}", "-o", str(out), **env)
+    assert p.returncode == 0, p.stderr
+    data = _embedded(out.read_text(encoding="utf-8"))
+    assert data["episodes"] == [{k: _plain(v) for k, v in e.items()} for e in list_episodes(s3)]
 
 
 def test_view_max_episodes_keeps_the_newest(store, tmp_path):
