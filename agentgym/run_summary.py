@@ -56,7 +56,8 @@ def summary_markdown(run_id: str, result: dict[str, Any], links: dict[str, str |
     """The run's summary: per-stage table, held-out and in-training evaluation, where things are.
 
     ``result`` is what ``scaling-inter-rl`` returns; ``links``: ``mlflow`` (pipeline run URL),
-    ``stage-<i>`` (stage run URLs), ``model`` (registered version, text); ``eval_metrics``: the
+    ``stage-<i>`` (stage run URLs), ``model`` (registered version, text), ``viewer`` (the
+    trajectory viewer's artifact URI); ``eval_metrics``: the
     last ``eval/.../overall/...`` values of the pipeline run (``tracking.eval_every``)."""
     key = run_id.lower().replace("_", "-")  # as the artifacts' keys spell it
     out = [f"## ScalingInter-RL run `{run_id}`", ""]
@@ -89,6 +90,8 @@ def summary_markdown(run_id: str, result: dict[str, Any], links: dict[str, str |
             f"- final checkpoint: `{result['stages'][-1]['checkpoint']}`" if result["stages"] else "",
             f"- Prefect artifacts: per-stage tables `stage-<i>-{key}`" + (f", held-out table `heldout-{key}`"
                                                                        if heldout else "")]
+    if links.get("viewer"):
+        out.append(f"- trajectory viewer (one offline HTML file, MLflow artifact): `{links['viewer']}`")
     if links.get("model"):
         out.append(f"- model: {links['model']}")
     return "\n".join(line for line in out if line is not None)

@@ -26,8 +26,8 @@ from agentgym.schedule import position, stage_start, total_steps
 from agentgym.run_summary import pipeline_description, stage_description, summary_markdown
 from agentgym.tracking import Tracker
 from tasks.links import TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeline_run_name, prefect_tags
-from tasks.rl import (collect_rollouts, compute_advantages, log_final_policy, restore_policy, save_checkpoint,
-                      update_policy)
+from tasks.rl import (collect_rollouts, compute_advantages, log_final_policy, publish_viewer, restore_policy,
+                      save_checkpoint, update_policy)
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
 from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison
 from tasks.runtime import drop_session
@@ -63,15 +63,17 @@ def _stage_history(tracker: Tracker, child: str) -> list[dict[str, Any]]:
 
 
 def _stage_artifact(tracker: Tracker, run_id: str, index: int, horizon: int, child: str,
-                    history: list[dict[str, Any]]) -> None:
-    """The stage's per-iteration table as a Prefect artifact, linking its MLflow run."""
+                    history: list[dict[str, Any]], viewer: str | None = None) -> None:
+    """The stage's per-iteration table as a Prefect artifact, linking its MLflow run and the
+    run's trajectory viewer."""
     from prefect.artifacts import create_table_artifact
 
     create_table_artifact(
         key=f"stage-{index}-{run_id}".lower().replace("_", "-")[:100],
         table=[{k: v if k == "global_step" else round(v, 4) for k, v in h.items()} for h in history],
         description=f"ScalingInter-RL run {run_id}, stage {index} (horizon {horizon}): "
-                    + tracker.run_link(child),
+                    + tracker.run_link(child)
+                    + (f". Trajectory viewer (offline HTML, MLflow artifact): {viewer}" if viewer else ""),
     )
 
 
@@ -122,8 +124,19 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
         raise
     tracker.finish_stage(child)
     history = _stage_history(tracker, child)
-    _stage_artifact(tracker, run_id, index, horizon, child, history)
-    return _stage_summary(history, child, index, horizon, iterations, checkpoint)
+    viewer = _viewer(config, run_id, parent_mlflow_id, index)
+    _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
+    return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer}
+
+
+def _viewer(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index: int) -> str | None:
+    """Publish the trajectory viewer; a failure to build it is logged, never fails the stage
+    (the training itself is committed by then)."""
+    try:
+        return publish_viewer(config, run_id, parent_mlflow_id, index)["uri"]
+    except Exception as e:  # noqa: BLE001 - a reader's convenience must not fail training
+        get_run_logger().warning("trajectory viewer not published: %s: %s", type(e).__name__, e)
+        return None
 
 
 def _stage_summary(history: list[dict[str, Any]], child: str, index: int, horizon: int, iterations: int,
@@ -233,6 +246,9 @@ def _summary_artifact(tracker: Tracker, result: dict[str, Any]) -> None:
     links: dict[str, str | None] = {"mlflow": tracker.run_url(parent)}
     for s in result["stages"]:
         links[f"stage-{s['stage']}"] = tracker.run_url(s["mlflow_run_id"])
+    viewer = next((s.get("viewer") for s in reversed(result["stages"]) if s.get("viewer")), None)
+    if viewer:
+        links["viewer"] = viewer
     model = result.get("model")
     if model:
         links["model"] = (f"`{model['model_uri']}`" + (f", registered as `models:/{model['registered_model_name']}/"

@@ -20,7 +20,9 @@ from agentgym.distributed import GroupError
 from agentgym.pipeline import IterationRef
 from agentgym.policy_model import log_policy_model
 from agentgym.registry import materialize
+from agentgym.store import TrajectoryStore
 from agentgym.tracking import Tracker
+from agentgym.viewer import write_html
 from tasks.runtime import drop_session, get_session
 
 TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept
@@ -121,3 +123,19 @@ def log_final_policy(config: PipelineConfig, run_id: str, mlflow_run_id: str, ch
         description=f"ScalingInter-RL run {run_id}, final policy after {global_step} iterations ({checkpoint})")
     return {"model_id": logged.model_id, "model_uri": logged.model_uri, "registered_model_name": name,
             "version": logged.version}
+
+
+@task(name="publish_viewer", task_run_name="publish_viewer[{run_id} stage {stage}]", retries=1,
+      retry_delay_seconds=2, cache_policy=NO_CACHE)
+def publish_viewer(config: PipelineConfig, run_id: str, mlflow_run_id: str, stage: int) -> dict[str, Any]:
+    """The run's trajectory viewer (what ``agentgym view`` writes: one offline HTML file) as the
+    MLflow artifact ``viewer/<run_id>.html`` of the pipeline run, rewritten after every stage so
+    it holds every committed episode so far (newest 5,000 at most); returns its URI and counts."""
+    tracker = Tracker.from_config(config.tracking)
+    store = TrajectoryStore(config.store.root, run_id, config.store.storage_options)
+    with tempfile.TemporaryDirectory(prefix="agentgym-viewer-") as d:
+        path = Path(d) / f"{run_id}.html"
+        stats = write_html(store, path)
+        tracker.client.log_artifact(mlflow_run_id, str(path), "viewer")
+    uri = f"{tracker.client.get_run(mlflow_run_id).info.artifact_uri.rstrip('/')}/viewer/{run_id}.html"
+    return {"uri": uri, **stats}

@@ -153,6 +153,28 @@ def test_stage_table_artifacts_link_their_mlflow_runs(run):
             assert child in found[0].description and "mlflow ui --backend-store-uri" in found[0].description
 
 
+def test_trajectory_viewer_is_an_mlflow_artifact_linked_from_prefect(run):
+    """After each stage the run's viewer (`agentgym view`) is rewritten as the pipeline run's
+    artifact viewer/<run_id>.html; the last one holds every committed episode, and the stage
+    table artifacts and the summary point at it."""
+    import json
+    import re
+
+    from prefect.client.orchestration import get_client
+
+    cfg, result, _, tmp = run
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    html = Path(client.download_artifacts(result["mlflow_run_id"], "viewer/flow-test.html", str(tmp))).read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="agentgym-data">(.*?)</script>', html, re.S).group(1))
+    episodes = pd.read_parquet(result["store"] + "/episodes")
+    assert sorted(e["episode_id"] for e in data["episodes"]) == sorted(episodes["episode_id"])
+    uri = result["stages"][-1]["viewer"]
+    assert uri.endswith("/viewer/flow-test.html") and all(s["viewer"] == uri for s in result["stages"])
+    with get_client(sync_client=True) as pc:
+        assert uri in _artifact(pc, "stage-1-flow-test").description
+        assert uri in _artifact(pc, "summary-flow-test").data
+
+
 def test_run_link_points_at_a_tracking_server():
     from agentgym.tracking import Tracker
 
