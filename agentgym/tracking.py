@@ -157,13 +157,18 @@ class CheckpointRef:
     meta: dict[str, Any]
 
 
-#: config keys whose values are credentials: never logged (params, config.json), shown as "***"
-SECRET_KEY_PARTS = ("secret", "password", "token", "credential", "access_key", "session")
+#: config keys whose values are credentials, never logged (params, config.json): shown as "***".
+#: Exact names, and suffixes after an underscore (``aws_session_token``, ``api_key``); plain
+#: substrings would also hide ``max_new_tokens``.
+SECRET_KEYS = frozenset({"key", "secret", "token", "password", "passwd", "credentials", "api_key",
+                         "access_key", "secret_key", "access_key_id", "secret_access_key"})
+SECRET_SUFFIXES = ("_secret", "_token", "_password", "_passwd", "_credentials", "_api_key", "_access_key",
+                   "_secret_key", "_access_key_id", "_secret_access_key")
 
 
 def redact_secrets(d: Any) -> Any:
-    """``d`` with every value under a credential-like key (``SECRET_KEY_PARTS``, or exactly
-    ``key``, as s3fs names the access key id) replaced by ``"***"``, recursively. The config is
+    """``d`` with every value under a credential-like key (``SECRET_KEYS``, ``SECRET_SUFFIXES``;
+    s3fs names the access key id ``key``) replaced by ``"***"``, recursively. The config is
     logged to MLflow for everyone who can read the experiment; credentials belong in the
     environment (``AWS_ACCESS_KEY_ID`` ...), and where a config holds some anyway they stay out."""
     if isinstance(d, dict):
@@ -176,7 +181,7 @@ def redact_secrets(d: Any) -> Any:
 
 def _is_secret_key(key: str) -> bool:
     k = key.lower()
-    return k == "key" or any(part in k for part in SECRET_KEY_PARTS)
+    return k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:

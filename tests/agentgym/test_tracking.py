@@ -14,6 +14,8 @@ def test_redact_secrets_hides_credentials_at_any_depth():
     assert so["key"] == so["secret"] == so["client_kwargs"]["aws_session_token"] == "***"
     assert so["token"] == ""  # nothing to hide
     assert so["client_kwargs"]["endpoint_url"] == "http://x" and out["seed"] == 0
+    keep = {"rollout": {"max_new_tokens": 12, "max_context_tokens": 2048}, "cache_dir": "~/.cache"}
+    assert redact_secrets(keep) == keep  # names that merely contain "token" are not secrets
     assert out["envs"][0]["kwargs"] == {"api_password": "***", "base_url": "http://y"}
     assert cfg["store"]["storage_options"]["secret"] == "s3cr3t"  # the input is left alone
 
