@@ -217,8 +217,9 @@ class HFEngine:
         logits = self._forward(ids.to(device), attn, pos.to(device), cache)
         return logits, cache, attn, pos[:, -1:].to(device) + 1
 
-    def _save(self, key: str, tokens: list[int], cache: DynamicCache, row: int, attn_row: torch.Tensor) -> None:
-        kv = [(k.clone(), v.clone()) for k, v in _row_kv(cache, row, attn_row)]
+    def _save(self, key: str, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep a row's keys/values (``_row_kv``: boolean indexing already made them a copy, which
+        later cache updates never write into) as the prefix of conversation ``key``."""
         if kv and kv[0][0].shape[1] == len(tokens):
             self._prefixes[key] = _Prefix(tokens, kv)
 
@@ -247,7 +248,7 @@ class HFEngine:
             for j in rows_in_batch:
                 row = int(alive[j])
                 # the cache holds the prompt and every sampled token but the last (not yet fed)
-                self._save(keys[row], prompts[row] + out_ids[row][:-1], cache, j, attn[j])
+                self._save(keys[row], prompts[row] + out_ids[row][:-1], _row_kv(cache, j, attn[j]))
 
         for step in range(params.max_new_tokens):
             logp = torch.log_softmax(logits / params.temperature, dim=-1)
@@ -313,7 +314,7 @@ class HFEngine:
         for r, cands in enumerate(choices):
             kv = _row_kv(cache, r, attn[r])
             if keys is not None:  # the next turn's prompt extends this one
-                self._save(keys[r], prompts[r], cache, r, attn[r])
+                self._save(keys[r], prompts[r], kv)
             lps = self._candidate_logprobs(kv, first[r], cands, params.temperature)
             scores = torch.tensor([sum(x) for x in lps], dtype=torch.float64)
             if params.greedy:
