@@ -286,3 +286,82 @@ def test_locked_door_needs_a_key():
         assert r.info["invalid_action"] is True and _pos(e) == start
     finally:
         e.close()
+
+
+# ---------------------------------------------------------------- observation_style="compact"
+SNAPSHOT_TASK1_COMPACT = (
+    "Goal: go to the red ball\n"
+    "You see: yellow key 1 (1 ahead, 1 left), grey ball 1 (1 ahead, 1 right), purple key 1 "
+    "(2 ahead, 1 left), blue key 1 (2 ahead, 1 right), red box 1 (2 ahead, 2 right), grey ball 2 "
+    "(5 ahead, 1 right), green key 1 (4 ahead, 2 right), red ball 1 (4 ahead, 3 right). "
+    "Facing a wall 6 steps away. Carrying nothing.\n"
+    "Actions: turn left, turn right, move forward, check available actions; pickup or go to: "
+    "yellow key 1, grey ball 1, purple key 1, blue key 1, red box 1, grey ball 2, green key 1, "
+    "red ball 1"
+)
+
+
+def _agentgym_facts(obs: str) -> tuple[list[tuple[str, int, int]], set[str]]:
+    """(objects with front/right offsets, listed actions) parsed from AgentGym's text."""
+    objs = [(m[0], int(m[1]), int(m[3]) * (1 if m[4] == "right" else -1) if m[3] else 0)
+            for m in re.findall(r"There is a ([a-z ]+ \d+) (?:right in front of you )?(\d+) steps "
+                                r"(away|in front of you and (\d+) steps to your (left|right))",
+                                obs)]
+    actions = set(re.search(r'Available actions: \[(.*)\]', obs)[1].strip('"').split('", "'))
+    return objs, actions
+
+
+def _compact_facts(obs: str) -> tuple[list[tuple[str, int, int]], set[str]]:
+    """The same facts parsed from the compact text (a second, independent reading)."""
+    seen = re.search(r"You see: (.*?)\. (?:Facing|Carrying)", obs)
+    objs = []
+    for m in re.findall(r"([a-z ]+ \d+) \((\d+) ahead(?:, (\d+) (left|right))?\)",
+                        seen[1] if seen else ""):
+        objs.append((m[0].strip(), int(m[1]), int(m[2]) * (1 if m[3] == "right" else -1)
+                     if m[2] else 0))
+    actions: set[str] = set()
+    for part in obs.split("\nActions: ")[1].split("; "):
+        if ": " not in part:
+            actions |= set(part.split(", "))
+            continue
+        verbs, objects = part.split(": ")
+        actions |= {f"{v} {o}" for v in verbs.split(" or ") for o in objects.split(", ")}
+    return objs, actions
+
+
+def test_compact_rendering_snapshot():
+    env = BabyAIEnv(observation_style="compact")
+    obs, _ = env.reset(1)
+    assert obs == SNAPSHOT_TASK1_COMPACT
+    r = env.step("Action: go to red ball 1")
+    assert r.terminated and r.reward == pytest.approx(0.8875)  # same dynamics as AgentGym's
+    env.close()
+
+
+@pytest.mark.parametrize("task_id", [1, 3, 9, 10, 11, 16, 23, 27, 41])
+def test_compact_says_what_agentgym_says_with_fewer_tokens(task_id):
+    """Two envs stepped alike: the compact text names the same objects at the same offsets and
+    exactly the same valid actions (doors, pickups, drop, toggle), and is shorter."""
+    import random
+
+    full, compact = BabyAIEnv(), BabyAIEnv(observation_style="compact")
+    rng = random.Random(task_id)
+    o_full, _ = full.reset(task_id)
+    o_comp, _ = compact.reset(task_id)
+    for _ in range(8):
+        assert _compact_facts(o_comp) == _agentgym_facts(o_full)
+        assert _compact_facts(o_comp)[1] == set(compact.valid_actions()) == set(full.valid_actions())
+        assert len(o_comp) < len(o_full)
+        action = rng.choice(full.valid_actions())
+        r_full, r_comp = full.step(action), compact.step(action)
+        assert (r_full.reward, r_full.terminated) == (r_comp.reward, r_comp.terminated)
+        if r_full.terminated:
+            break
+        o_full, o_comp = r_full.observation, r_comp.observation
+    full.close()
+    compact.close()
+
+
+def test_unknown_observation_style_names_the_field():
+    with pytest.raises(ValueError, match="observation_style"):
+        BabyAIEnv(observation_style="terse")
