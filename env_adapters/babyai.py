@@ -222,8 +222,9 @@ class BabyAIEnv(TextEnv):
         """``observation_style``: ``"agentgym"`` renders AgentGym's text byte for byte;
         ``"compact"`` says the same things (every visible object with its offset, the barrier
         ahead, what is carried, exactly the valid actions) in about half the tokens -- prefill is
-        most of the cost of a CPU rollout, evaluation or SFT step (a 6-object view: 292 tokens
-        against 13x; see docs/results.md)."""
+        most of the cost of a CPU rollout, evaluation or SFT step. SmolLM2's tokenizer, a
+        six-object view: 292 tokens against 137; random play on 16 GoTo tasks: 145 against 79 a
+        turn on average."""
         if observation_style not in OBSERVATION_STYLES:
             raise ValueError(f"observation_style must be one of {OBSERVATION_STYLES}, "
                              f"not {observation_style!r} (envs[].kwargs.observation_style)")
