@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.engines import SamplingParams
-from agentgym.engines.hf import HFEngine, _row_kv, _top_p_filter, candidate_tree
+from agentgym.engines.hf import HFEngine, _top_p_filter, candidate_tree
 
 
 @pytest.fixture(scope="module")
@@ -161,21 +161,30 @@ def _candidates(engine):
 def test_choice_logprobs_match_full_forward(engine, temperature):
     """Each candidate's score is its log-likelihood under a plain forward over prompt + candidate
     (a second implementation, no cache, no batching), and greedy picks the largest."""
-    prompts = _prompts(engine)
+    prompts = _prompts(engine)  # of different lengths: one padded batch, left pads masked
     cands = _candidates(engine)
     cands.append(cands[2][:3])  # a candidate that is a prefix of another one
+    # rows with different candidate sets (trees of different sizes, one of single tokens only)
+    choices = [cands, cands[:2], [c[:1] for c in cands[:3]]] + [cands[::-1]] * (len(prompts) - 3)
     with torch.no_grad():
-        for p in prompts:
-            logits, cache, attn, _ = engine._prefill([p], None)
-            first = torch.log_softmax(logits[0] / temperature, -1)
-            got = engine._candidate_logprobs(_row_kv(cache, 0, attn[0]), first, cands, temperature)
-            for c, lps in zip(cands, got):
-                ref = _full_logprobs(engine.model, p, c, temperature)
-                assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref)
-            picked = engine.choose([p], [cands], SamplingParams(greedy=True, temperature=temperature))[0]
-            best = max(range(len(cands)), key=lambda i: sum(got[i]))
-            assert picked.token_ids == cands[best] and picked.finish_reason == "stop"
-            assert picked.logprobs == pytest.approx(got[best], abs=1e-5)
+        logits, cache, attn, _ = engine._prefill(prompts, None)
+        first = torch.log_softmax(logits / temperature, -1)
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+        for chunk in (1 << 26, 1):  # all rows in one forward; one row per forward
+            engine.max_scoring_logits = chunk
+            got = engine._candidate_logprobs(cache, attn, first, choices, temperature)
+            for p, row_cands, row in zip(prompts, choices, got):
+                for c, lps in zip(row_cands, row):
+                    ref = _full_logprobs(engine.model, p, c, temperature)
+                    assert torch.allclose(torch.tensor(lps), ref, atol=1e-4), (lps, ref)
+        del engine.max_scoring_logits
+        assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+                   for layer, (k, v) in zip(cache.layers, before))  # the prompts' cache untouched
+        picked = engine.choose(prompts, choices, SamplingParams(greedy=True, temperature=temperature))
+        for row_cands, row, s in zip(choices, got, picked):
+            best = max(range(len(row_cands)), key=lambda i: sum(row[i]))
+            assert s.token_ids == row_cands[best] and s.finish_reason == "stop"
+            assert s.logprobs == pytest.approx(row[best], abs=1e-5)
 
 
 def test_candidate_tree_feeds_each_shared_prefix_once():
@@ -238,3 +247,30 @@ def test_choice_keeps_the_conversation_cache(tiny_path):
 def test_choice_rejects_empty_candidates(engine):
     with pytest.raises(ValueError, match="non-empty"):
         engine.choose(_prompts(engine)[:1], [[]], SamplingParams())
+
+
+def test_choice_reuses_the_cache_when_the_caller_extends_its_prompt_in_place(tiny_path):
+    """The rollout passes each episode's own ``input_ids`` list and appends the reply and the
+    next observation to it in place: the next turn must still prefill only the new tokens (a
+    kept prefix stored by reference grew with the list and was never reused)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    kept, fresh = HFEngine(model, tok), HFEngine(model, tok, keep_cache=False)
+    convs = _prompts(kept)  # mutated in place below, as the rollout does
+    cands = _candidates(kept)
+    keys = [f"ep{i}" for i in range(len(convs))]
+    obs = tok(" you see a wall", add_special_tokens=False)["input_ids"]
+    p = SamplingParams(greedy=True)
+    for turn in range(3):
+        before = kept.prefilled_tokens
+        ref = fresh.choose([list(c) for c in convs], [cands] * len(convs), p)
+        got = kept.choose(convs, [cands] * len(convs), p, cache_keys=keys)
+        assert [s.token_ids for s in got] == [s.token_ids for s in ref]
+        for s, t in zip(got, ref):
+            assert s.logprobs == pytest.approx(t.logprobs, abs=1e-4)
+        if turn:  # only the previous reply and observation, plus the candidate trees
+            trees = sum(len(candidate_tree(cands)[0]) for _ in convs)
+            assert kept.prefilled_tokens - before == sum(len(s.token_ids) + len(obs) for s in last) + trees
+        for c, s in zip(convs, got):
+            c.extend(s.token_ids + obs)
+        last = got
