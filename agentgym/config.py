@@ -61,7 +61,11 @@ class EnvSpec(_Strict):
     )
     weight: float = Field(1.0, gt=0, description="Share of each rollout batch in a mixed config.")
     kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the adapter constructor."
+        default_factory=dict, description="Keyword arguments passed to the adapter constructor. "
+        "name: http (a remote AgentGym server) takes base_url (one server) or base_urls (a pool of "
+        "servers of the same environment: each episode goes to the live one with the fewest open "
+        "instances, a dead one is skipped until its /health check passes again, every "
+        "health_interval_s seconds, default 5), env_name, dialect, timeout_s, retries."
     )
 
     @field_validator("tasks", "eval_tasks", mode="before")
@@ -98,6 +102,30 @@ class EnvSpec(_Strict):
         if bad:
             raise ValueError(f"task ids are AgentGym data_idx values, 0 or more; got {bad[:5]}")
         return v
+
+    @model_validator(mode="after")
+    def _remote_servers(self) -> "EnvSpec":
+        """A remote environment (name: http) names its server(s) and its environment."""
+        if self.name != "http":
+            return self
+        one, many = self.kwargs.get("base_url"), self.kwargs.get("base_urls")
+        example = ("e.g. kwargs: {base_urls: [http://10.0.0.5:8001, http://10.0.0.6:8001], "
+                   "env_name: babyai}")
+        if (one is None) == (many is None):
+            raise ValueError("envs[].name=http needs kwargs.base_url (one server) or kwargs.base_urls "
+                             f"(a pool of servers of the same environment), exactly one; {example}")
+        if many is not None:
+            if (not isinstance(many, list) or not many
+                    or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in many)):
+                raise ValueError(f"envs[].kwargs.base_urls must be a non-empty list of http(s) URLs, "
+                                 f"got {many!r}; {example}")
+            if len({u.rstrip("/") for u in many}) != len(many):
+                raise ValueError(f"envs[].kwargs.base_urls lists a server twice ({many}); list each once "
+                                 "(episodes are spread by load, so a server needs no second entry)")
+        if not self.kwargs.get("env_name"):
+            raise ValueError(f"envs[].name=http needs kwargs.env_name (the environment's name in the "
+                             f"trajectory store and its task categories); {example}")
+        return self
 
     @field_validator("name")
     @classmethod
