@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 from agentgym.config import TrainerConfig
+from agentgym.dist_env import rank_env
+from agentgym.group_rpc import AUTHKEY_ENV
 
 WORKER_MODULE = "agentgym.group_worker"
 # what the deepspeed launcher must export on every host (pdsh/ssh drops the environment)
@@ -63,8 +65,6 @@ def shared_authkey() -> bytes:
     """The group key of a multi-node (``nnodes`` > 1) group: every node must know it before the
     group starts, so it comes from ``AGENTGYM_GROUP_AUTHKEY`` in each node's environment (never
     from the config, which is logged)."""
-    from agentgym.group_rpc import AUTHKEY_ENV
-
     raw = os.environ.get(AUTHKEY_ENV, "")
     try:
         key = bytes.fromhex(raw)
@@ -83,8 +83,6 @@ def join_node(cfg: TrainerConfig, node_rank: int, log_dir: Path, threads_per_ran
     rendezvous until node 0 (the pipeline's ``ResidentGroup``) starts, then connect to the driver
     at ``master_addr:driver_port``. A group restarted after a failure needs this run again (e.g.
     in a shell loop or under a supervisor that restarts it)."""
-    from agentgym.dist_env import rank_env
-
     if cfg.nnodes < 2:
         raise ValueError("agentgym group join is for trainer.nnodes > 1; with one node the pipeline "
                          "starts every rank itself")
