@@ -303,8 +303,8 @@ class HTTPEnv(TextEnv):
         dialect = dialect or "agentgym"
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; choose one of {sorted(DIALECTS)}")
-        if timeout_s <= 0 or retries < 0 or backoff_s < 0:
-            raise ValueError("timeout_s must be > 0, retries and backoff_s >= 0")
+        if timeout_s <= 0 or retries < 0 or backoff_s < 0 or health_interval_s <= 0:
+            raise ValueError("timeout_s and health_interval_s must be > 0, retries and backoff_s >= 0")
         self._pool: ServerPool | None = pool_for(list(base_urls), health_interval_s) if base_urls else None
         self.base_url: str | None = base_url.rstrip("/") if base_url is not None else None
         self.name = env_name

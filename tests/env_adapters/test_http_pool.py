@@ -22,7 +22,9 @@ from env_adapters.http_pool import ServerPool, pool_for
 from env_adapters.http_server import create_app
 from serving import ServerThread
 
-pytestmark = pytest.mark.timeout(60)
+# 180 s: the session fixture tiny_path (a tokenizer trained here) may be built inside this
+# module's first test, which took over 60 s once on the loaded machine; the tests take ~5 s
+pytestmark = pytest.mark.timeout(180)
 
 
 class StepsEnv(TextEnv):
