@@ -61,7 +61,11 @@ class EnvSpec(_Strict):
     )
     weight: float = Field(1.0, gt=0, description="Share of each rollout batch in a mixed config.")
     kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the adapter constructor."
+        default_factory=dict, description="Keyword arguments passed to the adapter constructor. "
+        "name: http (a remote AgentGym server) takes base_url (one server) or base_urls (a pool of "
+        "servers of the same environment: each episode goes to the live one with the fewest open "
+        "instances, a dead one is skipped until its /health check passes again, every "
+        "health_interval_s seconds, default 5), env_name, dialect, timeout_s, retries."
     )
 
     @field_validator("tasks", "eval_tasks", mode="before")
@@ -98,6 +102,30 @@ class EnvSpec(_Strict):
         if bad:
             raise ValueError(f"task ids are AgentGym data_idx values, 0 or more; got {bad[:5]}")
         return v
+
+    @model_validator(mode="after")
+    def _remote_servers(self) -> "EnvSpec":
+        """A remote environment (name: http) names its server(s) and its environment."""
+        if self.name != "http":
+            return self
+        one, many = self.kwargs.get("base_url"), self.kwargs.get("base_urls")
+        example = ("e.g. kwargs: {base_urls: [http://10.0.0.5:8001, http://10.0.0.6:8001], "
+                   "env_name: babyai}")
+        if (one is None) == (many is None):
+            raise ValueError("envs[].name=http needs kwargs.base_url (one server) or kwargs.base_urls "
+                             f"(a pool of servers of the same environment), exactly one; {example}")
+        if many is not None:
+            if (not isinstance(many, list) or not many
+                    or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in many)):
+                raise ValueError(f"envs[].kwargs.base_urls must be a non-empty list of http(s) URLs, "
+                                 f"got {many!r}; {example}")
+            if len({u.rstrip("/") for u in many}) != len(many):
+                raise ValueError(f"envs[].kwargs.base_urls lists a server twice ({many}); list each once "
+                                 "(episodes are spread by load, so a server needs no second entry)")
+        if not self.kwargs.get("env_name"):
+            raise ValueError(f"envs[].name=http needs kwargs.env_name (the environment's name in the "
+                             f"trajectory store and its task categories); {example}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -361,7 +389,7 @@ class TrainerConfig(_Strict):
     world_size: int = Field(
         1, ge=1,
         description="Training ranks: 1 runs in the flow's process; N > 1 starts a resident group of N "
-        "ranks once (torchrun on this host, or the DeepSpeed launcher over `hostfile`) that keeps "
+        "ranks once (torchrun on this host or, across hosts, torchrun on every node with `nnodes`, or the DeepSpeed launcher over `hostfile`) that keeps "
         "weights and optimizer state in memory between iterations; each rank trains on 1/N of a batch.",
     )
     bf16: bool | Literal["auto"] = Field(
@@ -404,8 +432,48 @@ class TrainerConfig(_Strict):
     master_addr: str = Field(
         "127.0.0.1",
         description="Address of this host for the ranks' rendezvous and command channel; keep "
-        "127.0.0.1 unless a hostfile puts ranks on other hosts.",
+        "127.0.0.1 unless a hostfile or nnodes > 1 puts ranks on other hosts.",
     )
+    nnodes: int = Field(
+        1, ge=1,
+        description="Multi-node with torchrun's static rendezvous (no ssh): the ranks span this many "
+        "nodes, world_size / nnodes on each. The pipeline's host is node 0 and starts its share; "
+        "every other node runs `agentgym group join --config SAME_CONFIG --node-rank K` (K = 1 .. "
+        "nnodes - 1) with AGENTGYM_GROUP_AUTHKEY (64 hex characters, the same on every node) in its "
+        "environment. Needs master_port and driver_port, master_addr reachable from every node, and "
+        "checkpoint / export folders on a shared filesystem. 1: all ranks on this host.",
+    )
+    master_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="torch.distributed rendezvous port on master_addr (torchrun's --master-port, the "
+        "deepspeed launcher's --master_port). None: a free port chosen per launch (this host only); "
+        "nnodes > 1 needs a fixed one, known to every node.",
+    )
+    driver_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="Port on master_addr where the pipeline's process takes the ranks' command "
+        "connections. None: a free port per launch (this host only); nnodes > 1 needs a fixed one.",
+    )
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> "TrainerConfig":
+        if self.nnodes == 1:
+            return self
+        if self.hostfile is not None:
+            raise ValueError("trainer.nnodes > 1 (torchrun rendezvous, each node joins) and "
+                             "trainer.hostfile (the deepspeed launcher over ssh) both span hosts; keep "
+                             "one: nnodes: 1, or hostfile: null")
+        if self.world_size % self.nnodes:
+            raise ValueError(f"trainer.world_size={self.world_size} is not a multiple of trainer.nnodes="
+                             f"{self.nnodes} (every node runs world_size / nnodes ranks); make it one")
+        missing = [f for f in ("master_port", "driver_port") if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"trainer.nnodes={self.nnodes} needs fixed ports that every node knows: set "
+                             + " and ".join(f"trainer.{f}" for f in missing) + " (e.g. 29500 and 29501)")
+        if self.master_port == self.driver_port:
+            raise ValueError(f"trainer.master_port and trainer.driver_port are both {self.master_port}; "
+                             "give the command channel its own port (e.g. master_port + 1)")
+        return self
 
     @model_validator(mode="after")
     def _check_lr(self) -> "TrainerConfig":

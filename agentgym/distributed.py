@@ -2,8 +2,9 @@
 
 ``ResidentGroup`` implements ``agentgym.trainer.Trainer``, like ``PolicyTrainer``; a critic
 (estimator gae) lives in the ranks beside the policy. It starts the ranks ONCE
-(``group_launcher``: ``torchrun`` on this host or, given a hostfile, the ``deepspeed`` launcher
-across hosts). Each rank (``group_worker``) builds a ``PolicyTrainer`` (one read of the weights
+(``group_launcher``: ``torchrun`` on this host; across hosts ``torchrun`` on every node with
+``trainer.nnodes``, the other nodes joining with ``agentgym group join``, or, given a hostfile,
+the ``deepspeed`` launcher over ssh). Each rank (``group_worker``) builds a ``PolicyTrainer`` (one read of the weights
 from disk) and then serves commands, so weights and optimizer state stay in the ranks' memory
 between iterations.
 
@@ -46,6 +47,7 @@ from agentgym.group_launcher import (
     kill_tree,
     launcher_cmd,
     post_mortem,
+    shared_authkey,
     write_ds_env_file,
 )
 from agentgym.group_rpc import AUTHKEY_ENV, Connection, RankAcceptor, recv, send, wait
@@ -91,6 +93,8 @@ class ResidentGroup:
             if slots != trainer.world_size:
                 raise ValueError(f"hostfile {trainer.hostfile} has {slots} slots but "
                                  f"trainer.world_size={trainer.world_size}; make them equal")
+        if trainer.nnodes > 1:
+            shared_authkey()  # every node needs the key: refuse before launching anything
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.cfg, self.algo = trainer, algorithm
@@ -107,7 +111,7 @@ class ResidentGroup:
             "temperature": float(temperature), "seed": int(seed),
         }
         cpus = os.cpu_count() or 1
-        self.threads_per_rank = threads_per_rank or max(1, cpus // self.world_size)
+        self.threads_per_rank = threads_per_rank or max(1, cpus // (self.world_size // trainer.nnodes))
         self.optimizer_steps = 0
         self.batch_bytes_sent = 0  # batch tensors sent over the sockets (train_from_store sends none)
         self.weight_loads_by_rank: dict[int, int] = {}
@@ -146,12 +150,15 @@ class ResidentGroup:
         self._error = None
         self._conns, self._pids = {}, {}
         self.weight_loads_by_rank = {}
-        authkey = secrets.token_bytes(32)
-        acceptor = RankAcceptor(self.cfg.master_addr, authkey, backlog=self.world_size)
+        # one node: a fresh key per launch; several: the key every node was given beforehand
+        authkey = shared_authkey() if self.cfg.nnodes > 1 else secrets.token_bytes(32)
+        acceptor = RankAcceptor(self.cfg.master_addr, authkey, backlog=self.world_size,
+                                port=self.cfg.driver_port or 0)
         env = rank_env(self.threads_per_rank, {AUTHKEY_ENV: authkey.hex()})
         if self.cfg.hostfile is not None:
             env["DS_ENV_FILE"] = str(write_ds_env_file(self.run_dir, env, secret_keys=(AUTHKEY_ENV,)))
-        cmd = launcher_cmd(self.cfg, self.world_size, acceptor.address, free_port(), self.log_dir)
+        cmd = launcher_cmd(self.cfg, self.world_size, acceptor.address, self.cfg.master_port or free_port(),
+                           self.log_dir)
         self._launcher_log = self.log_dir / "launcher.log"
         try:
             with open(self._launcher_log, "ab") as log:
@@ -163,8 +170,10 @@ class ResidentGroup:
                     self._fail("start", None, f"the launcher exited ({describe_code(self._proc.returncode)}) "
                                f"before all ranks connected")
                 if time.monotonic() > deadline:
+                    joins = ("" if self.cfg.nnodes == 1 else "; every other node must run `agentgym group "
+                             "join --config ... --node-rank K` with the same AGENTGYM_GROUP_AUTHKEY")
                     self._fail("start", None, f"only ranks {sorted(self._conns)} connected within "
-                               f"{self.start_timeout_s:.0f} s")
+                               f"{self.start_timeout_s:.0f} s{joins}")
                 got = acceptor.get(timeout=0.5)
                 if got is not None:
                     hello, conn = got

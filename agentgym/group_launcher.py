@@ -1,8 +1,11 @@
 """Starting the resident group's ranks and reading what happened to them.
 
-``torchrun`` on this host, or with a hostfile the ``deepspeed`` launcher over pdsh/ssh. After a
-failure the launcher's own report is the source of truth: it names each rank's exit code and,
-for torchrun, the rank that failed first (the others it ended itself).
+``torchrun`` on this host; across hosts either ``torchrun`` on every node (``trainer.nnodes``:
+static rendezvous at ``master_addr:master_port``, node 0 started by the pipeline, the others by
+``agentgym group join``, so no ssh is needed) or, with a hostfile, the ``deepspeed`` launcher
+over pdsh/ssh. After a failure the launcher's own report is the source of truth: it names each
+rank's exit code and, for torchrun, the rank that failed first (the others it ended itself);
+with ``nnodes`` the pipeline's host sees only node 0's launcher.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sys
 from pathlib import Path
 
 from agentgym.config import TrainerConfig
+from agentgym.dist_env import rank_env
+from agentgym.group_rpc import AUTHKEY_ENV
 
 WORKER_MODULE = "agentgym.group_worker"
 # what the deepspeed launcher must export on every host (pdsh/ssh drops the environment)
@@ -37,20 +42,60 @@ def hostfile_slots(path: str) -> int:
 
 
 def launcher_cmd(cfg: TrainerConfig, world_size: int, driver: tuple[str, int], master_port: int,
-                 log_dir: Path) -> list[str]:
-    """The command that starts ``world_size`` ranks of ``WORKER_MODULE``, each told where the
-    driver listens."""
+                 log_dir: Path, node_rank: int = 0) -> list[str]:
+    """The command that starts ``world_size`` ranks of ``WORKER_MODULE`` (with ``cfg.nnodes`` >
+    1: node ``node_rank``'s ``world_size / nnodes`` of them), each told where the driver listens."""
     worker = ["-m", WORKER_MODULE, "--driver", f"{driver[0]}:{driver[1]}", "--log-dir", str(log_dir)]
     if cfg.hostfile is None:
+        # static rendezvous (torchrun's default with --node-rank): global rank = node_rank *
+        # per_node + local rank, so node 0 (the pipeline's host) holds rank 0
+        nodes = [] if cfg.nnodes == 1 else [f"--node-rank={node_rank}"]
         # --log-dir: torchrun's own folder (error files) inside ours, removed with the group;
         # without it torchrun leaves a /tmp/torchelastic_* folder behind per launch
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-                f"--nproc-per-node={world_size}", f"--master-addr={cfg.master_addr}",
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={cfg.nnodes}", *nodes,
+                f"--nproc-per-node={world_size // cfg.nnodes}", f"--master-addr={cfg.master_addr}",
                 f"--master-port={master_port}", "--max-restarts=0", "--monitor-interval=0.2",
                 f"--log-dir={log_dir / 'torchrun'}", *worker]
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     return [launcher, "--hostfile", cfg.hostfile, "--master_addr", cfg.master_addr,
             "--master_port", str(master_port), "--no_local_rank", "--module", *worker[1:]]
+
+
+def shared_authkey() -> bytes:
+    """The group key of a multi-node (``nnodes`` > 1) group: every node must know it before the
+    group starts, so it comes from ``AGENTGYM_GROUP_AUTHKEY`` in each node's environment (never
+    from the config, which is logged)."""
+    raw = os.environ.get(AUTHKEY_ENV, "")
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ValueError(f"trainer.nnodes > 1 needs the same {AUTHKEY_ENV} (at least 32 hex characters) in "
+                         "the environment of every node, e.g. from python -c 'import secrets; "
+                         f"print(secrets.token_hex(32))'; got {'nothing' if not raw else 'an invalid value'}")
+    return key
+
+
+def join_node(cfg: TrainerConfig, node_rank: int, log_dir: Path, threads_per_rank: int | None = None) -> int:
+    """Run node ``node_rank``'s share of a multi-node group (``agentgym group join``) in the
+    foreground until the group ends; returns torchrun's exit code. Its ranks wait in the
+    rendezvous until node 0 (the pipeline's ``ResidentGroup``) starts, then connect to the driver
+    at ``master_addr:driver_port``. A group restarted after a failure needs this run again (e.g.
+    in a shell loop or under a supervisor that restarts it)."""
+    if cfg.nnodes < 2:
+        raise ValueError("agentgym group join is for trainer.nnodes > 1; with one node the pipeline "
+                         "starts every rank itself")
+    if not 1 <= node_rank < cfg.nnodes:
+        raise ValueError(f"--node-rank {node_rank}: other nodes are 1 .. {cfg.nnodes - 1} (node 0 is "
+                         "the pipeline's host, which starts its ranks itself)")
+    shared_authkey()  # fail here, not in every rank
+    per_node = cfg.world_size // cfg.nnodes
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = launcher_cmd(cfg, cfg.world_size, (cfg.master_addr, cfg.driver_port), cfg.master_port, log_dir,
+                       node_rank=node_rank)
+    env = rank_env(threads_per_rank or max(1, (os.cpu_count() or 1) // per_node))
+    return subprocess.call(cmd, env=env, stdin=subprocess.DEVNULL)
 
 
 def write_ds_env_file(run_dir: Path, env: dict[str, str], secret_keys: tuple[str, ...] = ()) -> Path:

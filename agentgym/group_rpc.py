@@ -54,8 +54,9 @@ class RankAcceptor:
     queue: the driver meanwhile watches the launcher and its deadline.
     """
 
-    def __init__(self, host: str, authkey: bytes, backlog: int):
-        self.listener = Listener((host, 0), backlog=max(1, backlog), authkey=authkey)
+    def __init__(self, host: str, authkey: bytes, backlog: int, port: int = 0):
+        # port 0: any free one (the ranks are told it); a fixed one for ranks on other nodes
+        self.listener = Listener((host, port), backlog=max(1, backlog), authkey=authkey)
         self.address: tuple[str, int] = self.listener.address
         self._got: queue.Queue[tuple[dict, Connection]] = queue.Queue()
         self._closed = False

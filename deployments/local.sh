@@ -2,7 +2,9 @@
 # A local Prefect server and a `process` worker for the AgentGym-RL deployments, on 127.0.0.1.
 #
 #   deployments/local.sh start    # server on 127.0.0.1:4200 (+ UI), work pool agentgym-local, one worker
-#   deployments/local.sh deploy   # configs/*.yaml -> Prefect variables; prefect deploy --all (deployments/prefect.yaml)
+#   deployments/local.sh deploy   # configs/*.yaml -> Prefect variables; prefect deploy of every deployment on
+#                                 # the agentgym-local pool in deployments/prefect.yaml (not babyai-docker)
+#   deployments/local.sh names    # the deployments `deploy` creates
 #   deployments/local.sh status   # server / worker / deployments
 #   deployments/local.sh stop     # stop the worker and the server (their process groups)
 #   deployments/local.sh env      # print `export PREFECT_API_URL=...` (eval "$(deployments/local.sh env)")
@@ -202,10 +204,20 @@ cmd_status() {
   return $rc
 }
 
+# The deployments on the agentgym-local pool (the one this script serves); the docker pool's
+# deployment needs Docker, an image registry and S3 (docs/scale-out.md), so --all would fail here.
+local_names() {
+  "$PY" -c 'import sys, yaml
+for d in yaml.safe_load(open(sys.argv[1]))["deployments"]:
+    if d["work_pool"]["name"] == "agentgym-local":
+        print(d["name"])' "$PREFECT_FILE"
+}
+
 cmd_deploy() {
   healthy || die "no Prefect server at $API; run: deployments/local.sh start"
   "$PY" "$ROOT/deployments/sync_variables.py" --prefect-file "$PREFECT_FILE"
-  local what=(--all)
+  local what=() name
+  for name in $(local_names); do what+=(--name "$name"); done
   [ $# -gt 0 ] && what=("$@")
   (cd "$ROOT" && "$PREFECT" --no-prompt deploy "${what[@]}" --prefect-file "$PREFECT_FILE")
 }
@@ -215,6 +227,7 @@ case "${1:-}" in
   stop) cmd_stop ;;
   status) cmd_status ;;
   deploy) shift; cmd_deploy "$@" ;;
+  names) local_names ;;
   env) echo "export PREFECT_API_URL=$API" ;;
-  *) echo "usage: $0 start|stop|status|deploy [--name flow/deployment ...]|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|deploy [--name flow/deployment ...]|names|env" >&2; exit 2 ;;
 esac

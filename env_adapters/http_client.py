@@ -46,6 +46,13 @@ carrying ``{"error": ...}`` (the AgentGym convention) and any non-200 status are
 ``InfraError`` too, never a reward of 0. A malformed model reply never raises here: it is sent
 as-is (the server decides) or, for the dialects that parse client side, becomes a format-error
 observation.
+
+Server pools: ``base_urls=[...]`` instead of ``base_url`` spreads episodes over several servers
+of the same environment (``env_adapters.http_pool``: the live server with the fewest open
+instances, health-checked). The server is chosen when the episode's instance is created; a
+server that cannot take it (unreachable, at capacity) is skipped for the next one, since the
+episode has not started. A transport failure marks the server down for every episode of the
+process; the episodes already on it end as ``InfraError`` (their state lives on that server).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from typing import Any
 import httpx
 
 from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf8_safe
+from env_adapters.http_pool import ServerPool, pool_for
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,10 @@ log = logging.getLogger(__name__)
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # HTTP statuses worth retrying (proxy / overload); 504 only for idempotent calls
 _RETRY_STATUS = {502, 503}
+
+
+class _Unreachable(InfraError):
+    """The server could not be reached or broke off (transport level): a pool marks it down."""
 
 
 class _ServerError(InfraError):
@@ -274,18 +286,27 @@ class HTTPEnv(TextEnv):
     name reported in the trajectory store. ``dialect``: one of :data:`DIALECTS` (default
     ``"agentgym"``). ``timeout_s``: per request. ``retries``: extra attempts after the first.
     ``system_prompt``: returned by :meth:`system_prompt` for dialects whose servers do not
-    serve one (the ``agentgym`` dialect asks the server).
+    serve one (the ``agentgym`` dialect asks the server). ``base_urls``: several servers of the
+    same environment instead of ``base_url`` (see the module docstring); ``base_url`` is then
+    the chosen server, ``None`` until :meth:`reset`. ``health_interval_s``: how often a pooled
+    server is health-checked (a dead one comes back into rotation at its next passing check).
     """
 
-    def __init__(self, base_url: str, env_name: str, dialect: str | None = None,
-                 timeout_s: float = 30, retries: int = 3, backoff_s: float = 0.5,
-                 *, system_prompt: str | None = None):
+    def __init__(self, base_url: str | None = None, env_name: str | None = None,
+                 dialect: str | None = None, timeout_s: float = 30, retries: int = 3,
+                 backoff_s: float = 0.5, *, system_prompt: str | None = None,
+                 base_urls: list[str] | None = None, health_interval_s: float = 5.0):
+        if (base_url is None) == (not base_urls):
+            raise ValueError("give the server as base_url (one) or base_urls (a pool), exactly one")
+        if not env_name:
+            raise ValueError("env_name is required: the environment's name in the trajectory store")
         dialect = dialect or "agentgym"
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; choose one of {sorted(DIALECTS)}")
-        if timeout_s <= 0 or retries < 0 or backoff_s < 0:
-            raise ValueError("timeout_s must be > 0, retries and backoff_s >= 0")
-        self.base_url = base_url.rstrip("/")
+        if timeout_s <= 0 or retries < 0 or backoff_s < 0 or health_interval_s <= 0:
+            raise ValueError("timeout_s and health_interval_s must be > 0, retries and backoff_s >= 0")
+        self._pool: ServerPool | None = pool_for(list(base_urls), health_interval_s) if base_urls else None
+        self.base_url: str | None = base_url.rstrip("/") if base_url is not None else None
         self.name = env_name
         self.dialect = DIALECTS[dialect]()
         self.timeout_s = float(timeout_s)
@@ -304,6 +325,8 @@ class HTTPEnv(TextEnv):
                  allow_404: bool = False, text_ok: bool = False) -> Any:
         if self._client is None:
             raise InfraError(f"{self.name}: HTTPEnv for {self.base_url} is closed")
+        if self.base_url is None:
+            raise InfraError(f"{self.name}: no server chosen from the pool yet; call reset() first")
         url = f"{self.base_url}/{path.lstrip('/')}"
         attempts = 1 + (self.retries if retries is None else retries)
         last: str = ""
@@ -322,7 +345,7 @@ class HTTPEnv(TextEnv):
                 last = f"{type(exc).__name__}: {exc}"
                 if idempotent:
                     continue
-                raise InfraError(
+                raise self._unreachable(
                     f"{self.name}: {method} {url} failed ({last}); not retried because the "
                     f"server may already have applied it") from exc
             status = resp.status_code
@@ -345,13 +368,21 @@ class HTTPEnv(TextEnv):
                 raise _ServerError(f"{self.name}: server at {url} reported an error: "
                                    f"{data['error']}", data)
             return data
-        raise InfraError(f"{self.name}: {method} {url} failed after {attempts} attempt(s): {last}")
+        if last.startswith("HTTP "):  # a proxy's 502/503: the server answered, if badly
+            raise InfraError(f"{self.name}: {method} {url} failed after {attempts} attempt(s): {last}")
+        raise self._unreachable(f"{self.name}: {method} {url} failed after {attempts} attempt(s): {last}")
+
+    def _unreachable(self, message: str) -> _Unreachable:
+        """The transport failure to raise; a pool stops sending new episodes to this server."""
+        if self._pool is not None and self.base_url is not None:
+            self._pool.mark_down(self.base_url, message)
+        return _Unreachable(message)
 
     # ---------------------------------------------------------------- TextEnv
 
-    def _create(self, task_id: int) -> int:
+    def _create(self, task_id: int, retries: int | None = None) -> int:
         data = self._request("POST", "create", json=self.dialect.create_body(task_id),
-                             idempotent=False)
+                             idempotent=False, retries=retries)
         try:
             self.env_id = self.dialect.parse_create(data)
         except ValueError as exc:
@@ -362,6 +393,11 @@ class HTTPEnv(TextEnv):
         if self._closed:
             raise InfraError(f"{self.name}: HTTPEnv for {self.base_url} is closed")
         task_id, seed = int(task_id), int(seed)
+        if self._pool is not None:
+            return self._reset_pooled(task_id, seed)
+        return self._reset(task_id, seed)
+
+    def _reset(self, task_id: int, seed: int) -> tuple[str, dict[str, Any]]:
         fresh = self.env_id is None
         if fresh:
             self._create(task_id)
@@ -380,6 +416,46 @@ class HTTPEnv(TextEnv):
         info.setdefault("seed", seed)
         info["env_id"] = self.env_id
         return obs, info
+
+    def _reset_pooled(self, task_id: int, seed: int) -> tuple[str, dict[str, Any]]:
+        """Reset on the pool's choice of server. Where the server cannot create or reset the
+        instance (down, at capacity), the next live one is tried: the episode starts here, so
+        no state is lost by moving. Servers but the last live one get one attempt each (the
+        pool's health check, not retries, brings a server back)."""
+        assert self._pool is not None
+        tried: list[str] = []
+        while True:
+            if self.env_id is None:
+                try:
+                    self.base_url = self._pool.acquire(exclude=tried)
+                except InfraError as exc:
+                    raise InfraError(f"{self.name}: {exc}") from None
+            others = self._pool.live_count(exclude=[*tried, self.base_url])
+            try:
+                if self.env_id is None:
+                    self._create(task_id, retries=0 if others else None)
+                obs, info = self._reset(task_id, seed)
+                info["server"] = self.base_url
+                return obs, info
+            except (_Unreachable, _ServerError) as exc:
+                full = isinstance(exc, _ServerError) and exc.payload.get("code") == "capacity"
+                if not others or not (full or isinstance(exc, _Unreachable)):
+                    raise  # a bad task id fails on every server alike; no live server is left
+                tried.append(self.base_url)
+                self._drop_instance()
+
+    def _drop_instance(self) -> None:
+        """Forget this episode's instance and its server (a pooled env moving elsewhere)."""
+        if self.env_id is not None:
+            try:  # best effort: the server may be gone
+                self._request("POST", "close", json=self.dialect.close_body(self.env_id),
+                              retries=0, allow_404=True, text_ok=True)
+            except InfraError:
+                pass
+        self.env_id = None
+        if self._pool is not None and self.base_url is not None:
+            self._pool.release(self.base_url)
+            self.base_url = None
 
     def step(self, action_text: str) -> StepResult:
         if self.env_id is None or self._closed:
@@ -437,6 +513,8 @@ class HTTPEnv(TextEnv):
                       self.base_url, exc)
         finally:
             self.env_id = None
+            if self._pool is not None and self.base_url is not None:
+                self._pool.release(self.base_url)
             if self._client is not None:
                 self._client.close()
                 self._client = None

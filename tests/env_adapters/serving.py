@@ -14,12 +14,12 @@ from env_adapters.base import TextEnv, format_error
 class ServerThread:
     """uvicorn in a daemon thread on a free loopback port."""
 
-    def __init__(self, app):
+    def __init__(self, app, port: int = 0):
         # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
         # proto is TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every response
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))  # a given port: a server restarted where it was
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan="on",
