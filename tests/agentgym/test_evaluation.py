@@ -14,6 +14,7 @@ from agentgym.chat import ChatFormatter
 from agentgym.config import parse_config
 from agentgym.engines.base import Sample
 from agentgym.engines.hf import HFEngine
+from scripted_engine import NoCacheEngine  # tests/ is on sys.path
 from env_adapters.babyai import BABYAI_FAMILIES
 from agentgym.evaluation import (
     OVERALL,
@@ -134,7 +135,7 @@ def test_eval_targets_labels_duplicates_and_overrides():
 
 
 # -- evaluate() end to end ---------------------------------------------------------------------------
-class ScriptedEngine:
+class ScriptedEngine(NoCacheEngine):
     """Replies 'yes' to sample j of task t iff j < wins[t] (episode ids are eval:<env>:<task>:<j>)."""
 
     def __init__(self, tokenizer, wins):
@@ -150,15 +151,6 @@ class ScriptedEngine:
             ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.convert_tokens_to_ids("<|im_end|>")]
             out.append(Sample(ids, [-0.1] * len(ids), "stop"))
         return out
-
-    def release(self, keys):
-        list(keys)
-
-    def update_weights(self, named):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_evaluate_scores_match_the_closed_form(tiny_path):

@@ -21,6 +21,7 @@ from env_adapters.base import InfraError, StepResult, TextEnv
 from env_adapters.http_pool import ServerPool, pool_for
 from env_adapters.http_server import create_app
 from serving import ServerThread
+from scripted_engine import NoCacheEngine  # tests/ is on sys.path
 
 # 180 s: the session fixture tiny_path (a tokenizer trained here) may be built inside this
 # module's first test, which took over 60 s once on the loaded machine; the tests take ~5 s
@@ -81,7 +82,7 @@ def test_pool_spreads_skips_a_dead_server_and_readmits_it(servers):
     assert a.url in str(err.value) and b.url in str(err.value)
 
 
-class ScriptedEngine:
+class ScriptedEngine(NoCacheEngine):
     """Replies 'go' to every prompt (the env counts steps, not words)."""
 
     def __init__(self, tokenizer):
@@ -91,15 +92,6 @@ class ScriptedEngine:
 
     def generate(self, prompts, params, cache_keys=None):
         return [Sample(list(self.ids), [-0.1] * len(self.ids), "stop") for _ in prompts]
-
-    def release(self, keys):
-        list(keys)
-
-    def update_weights(self, named):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_a_config_with_two_servers_survives_one_killed_mid_rollout(servers, tiny_path):

@@ -1,0 +1,16 @@
+"""The engine interface's bookkeeping for scripted test engines (no model, no cache to drop)."""
+
+
+class NoCacheEngine:
+    """Subclass and define ``generate``; release, weight updates and close do nothing here."""
+
+    generated_tokens = 0
+
+    def release(self, keys):
+        list(keys)
+
+    def update_weights(self, named):
+        pass
+
+    def close(self):
+        pass
