@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import threading
@@ -19,13 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, DataType, Schema
 from mlflow.types.schema import Array
 
 from agentgym.config import TrackingConfig
+from agentgym.diskspace import disk_errors
 from agentgym.store import SCHEMAS
+
+log = logging.getLogger(__name__)
 
 TAG_RUN = "agentgym.run_id"
 TAG_KIND = "agentgym.kind"
@@ -347,12 +352,31 @@ class Tracker:
                        meta: dict[str, Any] | None = None) -> str:
         """Upload an HF folder as ``checkpoints/step-XXXXXX``; returns its artifact URI."""
         path = f"checkpoints/step-{step:06d}"
-        self.client.log_artifacts(mlflow_run_id, str(folder), path)
-        self.client.log_dict(mlflow_run_id, {"global_step": step, **(meta or {})}, f"{path}/agentgym_checkpoint.json")
-        self.client.set_tag(mlflow_run_id, TAG_CKPT, path)
-        self.client.set_tag(mlflow_run_id, TAG_CKPT_STEP, str(step))
         run = self.client.get_run(mlflow_run_id)
-        return f"{run.info.artifact_uri}/{path}"
+        dest = f"{run.info.artifact_uri}/{path}"
+        try:
+            with disk_errors(f"checkpoint step {step}", dest, "free space in the MLflow artifact "
+                             "store (tracking.artifact_location), then re-run: it resumes from the "
+                             "previous checkpoint"):
+                self.client.log_artifacts(mlflow_run_id, str(folder), path)
+                self.client.log_dict(mlflow_run_id, {"global_step": step, **(meta or {})},
+                                     f"{path}/agentgym_checkpoint.json")
+        except Exception:
+            if run.data.tags.get(TAG_CKPT) != path:  # never delete what the tags point at
+                self._delete_artifacts(run.info.artifact_uri, path)
+            raise
+        # The tags are what resume follows, so they are set last and together (one transaction):
+        # set one by one, a kill between them paired the new folder with the old step.
+        self.client.log_batch(mlflow_run_id, tags=[RunTag(TAG_CKPT, path), RunTag(TAG_CKPT_STEP, str(step))])
+        return dest
+
+    @staticmethod
+    def _delete_artifacts(artifact_uri: str, path: str) -> None:
+        """Best effort: remove a partly uploaded folder (no tag points at it, so it is unused)."""
+        try:
+            get_artifact_repository(artifact_uri).delete_artifacts(path)
+        except Exception as e:  # noqa: BLE001 - the upload's own error is the one to report
+            log.warning("could not remove the partial checkpoint %s/%s: %s", artifact_uri, path, e)
 
     def latest_checkpoint(self, run_id: str) -> CheckpointRef | None:
         """The checkpoint with the highest global step among the run's stage runs and its SFT
