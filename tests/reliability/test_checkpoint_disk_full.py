@@ -19,7 +19,8 @@ from diskfull import fill, tmpfs
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_a_full_artifact_store_keeps_the_previous_checkpoint(tmp_path, tiny_path):
+def test_a_full_artifact_store_keeps_the_previous_checkpoint(mlflow_dir, tiny_path):
+    tmp_path = mlflow_dir
     with tmpfs("4m") as disk:
         tracker, stage = stage_run(tmp_path, artifact_location=(disk / "artifacts").as_uri())
         one, two = variant(tiny_path, tmp_path / "one", 1), variant(tiny_path, tmp_path / "two", 2)
