@@ -16,7 +16,7 @@ from agentgym.training import PolicyTrainer
 from checkpoints import same_weights, stage_run, variant, weights
 from diskfull import fill, tmpfs
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # a hang guard
 
 
 def test_a_full_artifact_store_keeps_the_previous_checkpoint(mlflow_dir, tiny_path):

@@ -23,7 +23,7 @@ from diskfull import FullDiskFS, fill, tmpfs
 RUN = "full"
 NO_SPACE = re.compile(r"\[Errno 28\] No space left on device: .+")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # a hang guard
 
 
 def episode(i: int, stage: int) -> Episode:
