@@ -98,8 +98,3 @@ def fill(disk: Path) -> Path:
             fh.write(b"\0" * 512)
     return filler
 
-
-def hidden_or_temp(root: Path) -> list[Path]:
-    """Files a failed write must not leave behind: hidden names (staged shards, manifest temp
-    files) and uncommitted ``part-*`` shards are checked by the caller against the manifests."""
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name.startswith((".", "_tmp", "tmp")))
