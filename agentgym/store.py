@@ -74,6 +74,7 @@ contract); they round-trip exactly only as float32 values.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import io
@@ -92,6 +93,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from agentgym.diskspace import disk_errors
 from agentgym.types import Episode, Turn
 
 __all__ = [
@@ -116,6 +118,7 @@ SCHEMA_VERSION = 1
 PARTITION_KEYS = ("stage", "iteration")
 # Hidden name of a shard written but not yet published (pandas/pyarrow skip "." and "_" names).
 STAGED_PREFIX = ".tmp-"
+_NO_SPACE_FIX = "free space on that disk or set store.root to another one, then re-run"
 
 
 def _f(name: str, typ: pa.DataType, nullable: bool = False) -> pa.Field:
@@ -457,7 +460,12 @@ class TrajectoryStore:
                                _now().isoformat())
         if extra:
             m.extra = dict(extra)
-        winner = self._commit(m)
+        try:
+            winner = self._commit(m)
+        except BaseException:  # as in EpisodeWriter.commit: no uncommitted part-* stays visible
+            if self._read_manifest_file(name, stage, iteration) is None:
+                self._delete_quietly([self._abs(rel)])
+            raise
         if winner is not m:
             self._delete_quietly([self._abs(rel)])
         self._gc_partition(winner)
@@ -644,7 +652,8 @@ class TrajectoryStore:
         self._mkdirs(fs_dir)
         tmp = f"{fs_dir}/{STAGED_PREFIX}{part}.parquet"
         try:
-            self.fs.pipe_file(tmp, payload)
+            with disk_errors(f"a {table} shard ({len(payload):,} bytes)", self._url(tmp), _NO_SPACE_FIX):
+                self.fs.pipe_file(tmp, payload)
         except BaseException:
             self._delete_quietly([tmp])
             raise
@@ -708,25 +717,21 @@ class TrajectoryStore:
         self._mkdirs(parent)
         if self._local:
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}.json"
-            with open(tmp, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.link(tmp, path)  # atomic; fails if ``path`` exists
-                return True
-            except FileExistsError:
-                return False
-            except OSError:  # filesystem without hard links: exclusive create instead
+            try:  # the hidden temp file goes in every case (a full disk fails its write)
+                with disk_errors("a commit manifest", path, _NO_SPACE_FIX), open(tmp, "wb") as fh:
+                    fh.write(payload)
+                    fh.flush()
+                    os.fsync(fh.fileno())
                 try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    os.link(tmp, path)  # atomic; fails if ``path`` exists
+                    return True
                 except FileExistsError:
                     return False
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(payload)
-                return True
+                except OSError:  # filesystem without hard links: exclusive create instead
+                    return self._create_exclusive(path, payload)
             finally:
-                os.unlink(tmp)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
         # object stores: check, then exclusive create where the server supports it
         self._invalidate(path)
         if self.fs.exists(path):
@@ -747,6 +752,23 @@ class TrajectoryStore:
             if self.fs.exists(path):  # precondition failed: someone else committed first
                 return False
             raise
+
+    @staticmethod
+    def _create_exclusive(path: str, payload: bytes) -> bool:
+        """Create ``path`` holding ``payload`` unless it exists (``O_EXCL``); a failed write
+        removes it again, so no reader finds a half-written manifest."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            with disk_errors("a commit manifest", path, _NO_SPACE_FIX), os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        return True
 
     def _ensure_turns_commit(self, ep_m: CommitManifest) -> None:
         """Write the turns commit derived from an episodes commit, if it is not there yet."""
@@ -1088,7 +1110,14 @@ class EpisodeWriter:
             self.abort(published)
             raise
         mine = self._manifest()
-        winner = st._commit(mine)
+        try:
+            winner = st._commit(mine)
+        except BaseException:
+            # e.g. a full disk while writing the manifest: the renamed shards are visible to raw
+            # readers but belong to no commit; remove them unless the commit landed after all
+            if st._read_manifest_file("episodes", self.stage, self.iteration) is None:
+                self.abort(published)
+            raise
         self._state = "committed"
         st._ensure_turns_commit(winner)
         if winner is not mine:  # committed concurrently: ours is not listed anywhere

@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, DataType, Schema
 from mlflow.types.schema import Array
 
 from agentgym.config import TrackingConfig
+from agentgym.diskspace import disk_errors
 from agentgym.store import SCHEMAS
+
+log = logging.getLogger(__name__)
 
 TAG_RUN = "agentgym.run_id"
 TAG_KIND = "agentgym.kind"
@@ -347,12 +352,43 @@ class Tracker:
                        meta: dict[str, Any] | None = None) -> str:
         """Upload an HF folder as ``checkpoints/step-XXXXXX``; returns its artifact URI."""
         path = f"checkpoints/step-{step:06d}"
-        self.client.log_artifacts(mlflow_run_id, str(folder), path)
-        self.client.log_dict(mlflow_run_id, {"global_step": step, **(meta or {})}, f"{path}/agentgym_checkpoint.json")
-        self.client.set_tag(mlflow_run_id, TAG_CKPT, path)
-        self.client.set_tag(mlflow_run_id, TAG_CKPT_STEP, str(step))
+
+        def write() -> None:
+            self.client.log_artifacts(mlflow_run_id, str(folder), path)
+            self.client.log_dict(mlflow_run_id, {"global_step": step, **(meta or {})},
+                                 f"{path}/agentgym_checkpoint.json")
+
+        dest = self._upload(mlflow_run_id, path, f"checkpoint step {step}", write)
+        # The tags are what resume follows, so they are set last and together (one transaction):
+        # set one by one, a kill between them paired the new folder with the old step.
+        self.client.log_batch(mlflow_run_id, tags=[RunTag(TAG_CKPT, path), RunTag(TAG_CKPT_STEP, str(step))])
+        return dest
+
+    def _upload(self, mlflow_run_id: str, path: str, what: str, write: Callable[[], None]) -> str:
+        """Run ``write`` (uploads to the run's artifact ``path``); returns the artifact URI. If it
+        fails, what it left at ``path`` is removed (unless a checkpoint tag points there: then it
+        was overwriting a checkpoint in use), and a full disk is reported as such."""
         run = self.client.get_run(mlflow_run_id)
-        return f"{run.info.artifact_uri}/{path}"
+        dest = f"{run.info.artifact_uri}/{path}"
+        try:
+            with disk_errors(what, dest, "free space in the MLflow artifact store (tracking."
+                             "artifact_location), then re-run: it resumes from the previous checkpoint"):
+                write()
+        except Exception:
+            tags = run.data.tags
+            in_use = {tags.get(TAG_CKPT), tags.get(TAG_SFT_EPOCH) and f"sft/epoch-{int(tags[TAG_SFT_EPOCH]):02d}"}
+            if path not in in_use:
+                self._delete_artifacts(run.info.artifact_uri, path)
+            raise
+        return dest
+
+    @staticmethod
+    def _delete_artifacts(artifact_uri: str, path: str) -> None:
+        """Best effort: remove a partly uploaded folder (no tag points at it, so it is unused)."""
+        try:
+            get_artifact_repository(artifact_uri).delete_artifacts(path)
+        except Exception as e:  # noqa: BLE001 - the upload's own error is the one to report
+            log.warning("could not remove the partial checkpoint %s/%s: %s", artifact_uri, path, e)
 
     def latest_checkpoint(self, run_id: str) -> CheckpointRef | None:
         """The checkpoint with the highest global step among the run's stage runs and its SFT
@@ -418,9 +454,10 @@ class Tracker:
         """An HF folder after SFT epoch ``epoch`` (``sft/epoch-XX``): what a killed SFT stage
         resumes from. Not a pipeline checkpoint: ``latest_checkpoint`` ignores it."""
         path = f"sft/epoch-{epoch:02d}"
-        self.client.log_artifacts(mlflow_run_id, str(folder), path)
-        self.client.set_tag(mlflow_run_id, TAG_SFT_EPOCH, str(epoch))
-        return f"{self.client.get_run(mlflow_run_id).info.artifact_uri}/{path}"
+        dest = self._upload(mlflow_run_id, path, f"SFT epoch {epoch} checkpoint",
+                            lambda: self.client.log_artifacts(mlflow_run_id, str(folder), path))
+        self.client.set_tag(mlflow_run_id, TAG_SFT_EPOCH, str(epoch))  # last: resume follows it
+        return dest
 
     def sft_epoch_checkpoint(self, mlflow_run_id: str) -> tuple[str, int] | None:
         """``(artifact URI, epoch)`` of the SFT run's last epoch checkpoint, if any."""

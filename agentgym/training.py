@@ -44,6 +44,7 @@ from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerBas
 from agentgym import algorithms as A
 from agentgym.hardware import resolve_bf16
 from agentgym.config import AlgorithmConfig, TrainerConfig
+from agentgym.diskspace import disk_errors
 from agentgym.dist_env import init_single_process_dist
 from agentgym.store import TrajectoryStore
 
@@ -51,6 +52,9 @@ CHECKPOINT_TAG = "ds"  # DeepSpeed's tag (subfolder) inside a checkpoint folder
 CRITIC_DIR = "critic"  # the critic's subfolder in exports and trainer checkpoints
 VALUE_HEAD_FILE = "value_head.safetensors"
 log = logging.getLogger(__name__)
+# what a full disk during an export or checkpoint asks the user to do
+_NO_SPACE_FIX = ("free space on that disk (a checkpoint is written under TMPDIR, then copied to "
+                 "the MLflow artifact store), then re-run: it resumes from the last checkpoint")
 _RESERVED = "_agentgym"  # our own entry in DeepSpeed's client_state
 _WEIGHT_LOADS = 0  # policy weights read from disk by this process (from_pretrained, checkpoints)
 
@@ -576,8 +580,11 @@ class PolicyTrainer:
     def save_hf(self, out_dir: str | Path, tokenizer: PreTrainedTokenizerBase | None) -> Path:
         """Export the policy as an HF folder (merged weights with LoRA). Under ZeRO-3 every rank
         must call this (the weights are gathered); only rank 0 writes. ``tokenizer`` None: the
-        caller writes it."""
-        out = Path(out_dir)
+        caller writes it. A full disk raises ``OSError(ENOSPC)`` naming ``out_dir``."""
+        with disk_errors("the policy's HF export", out_dir, _NO_SPACE_FIX):
+            return self._save_hf(Path(out_dir), tokenizer)
+
+    def _save_hf(self, out: Path, tokenizer: PreTrainedTokenizerBase | None) -> Path:
         if not self.lora and not self.zero3:
             if self.rank == 0:
                 out.mkdir(parents=True, exist_ok=True)
@@ -629,8 +636,12 @@ class PolicyTrainer:
         schedule, DeepSpeed's step counters (DeepSpeed's own format under ``{dir}/ds``), this
         trainer's step count and every rank's python/numpy/torch RNG states. All ranks must call
         it; with several hosts ``ckpt_dir`` must be on a shared filesystem. ``client_state``
-        must hold plain values (numbers, strings, lists, dicts, tensors)."""
-        ckpt = Path(ckpt_dir)
+        must hold plain values (numbers, strings, lists, dicts, tensors). A full disk raises
+        ``OSError(ENOSPC)`` naming ``ckpt_dir`` (torch.save's own error does not say so)."""
+        with disk_errors("the trainer checkpoint (DeepSpeed state)", ckpt_dir, _NO_SPACE_FIX):
+            return self._save_checkpoint(Path(ckpt_dir), client_state)
+
+    def _save_checkpoint(self, ckpt: Path, client_state: dict[str, Any] | None) -> Path:
         state = dict(client_state or {})
         state[_RESERVED] = {"optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
                             "keys": sorted(client_state or {})}

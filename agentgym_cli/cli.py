@@ -200,8 +200,14 @@ def group_join(config: Path = typer.Option(..., "--config", "-c", help="The pipe
 @env_app.command("serve")
 def env_serve(name: str = typer.Argument(..., help="Environment adapter name, e.g. babyai."),
               host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8001),
-              max_envs: int = typer.Option(64, help="Concurrent environments allowed.")) -> None:
-    """Expose an in-process environment over the AgentGym HTTP protocol."""
+              max_envs: int = typer.Option(64, help="Concurrent environments allowed."),
+              idle_timeout: float = typer.Option(600, help="Seconds before an unused environment is closed."),
+              max_body_bytes: int = typer.Option(1 << 20, help="Largest request body; beyond: HTTP 413."),
+              request_timeout: float = typer.Option(
+                  30, help="Seconds to receive a request's head, and its body; beyond: HTTP 408."),
+              max_connections: int = typer.Option(512, help="Open connections; beyond: HTTP 503.")) -> None:
+    """Expose an in-process environment over the AgentGym HTTP protocol (on 127.0.0.1 unless
+    --host says otherwise: it runs whatever its clients send)."""
     from env_adapters import ADAPTERS, is_known
     from env_adapters.http_server import serve
 
@@ -212,7 +218,8 @@ def env_serve(name: str = typer.Argument(..., help="Environment adapter name, e.
     if not 0 < port < 65536:
         console.print(f"--port {port}: give a TCP port between 1 and 65535", style="red", markup=False)
         raise typer.Exit(2)
-    serve(name, host=host, port=port, max_envs=max_envs)
+    serve(name, host=host, port=port, max_envs=max_envs, idle_timeout_s=idle_timeout,
+          max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, max_connections=max_connections)
 
 
 @env_app.command("check")

@@ -21,7 +21,16 @@ Concurrency: each environment instance has its own lock (calls on one instance a
 serialised, calls on different instances run in parallel); blocking adapter calls run in the
 worker thread pool, never on the event loop. At most ``max_envs`` instances live at once
 (``/create`` beyond that answers ``code: capacity``). A background thread closes instances idle
-for longer than ``idle_timeout_s`` (clients that crashed without ``/close``).
+for longer than ``idle_timeout_s`` (clients that crashed without ``/close``, or never close).
+
+Limits against abusive or broken clients (``env_adapters.http_limits``; ``agentgym env serve``
+options in brackets): a body over ``max_body_bytes`` (default 1 MiB) [``--max-body-bytes``] is
+answered HTTP 413; a request whose head or body is not received within ``request_timeout_s``
+(default 30 s) [``--request-timeout``] is answered 408 and its connection closed; beyond
+``max_connections`` (default 512) [``--max-connections``] open connections new requests get
+503. These are transport errors, hence HTTP statuses; everything the protocol itself refuses
+(malformed JSON, unknown ids, capacity) stays an HTTP 200 error payload as above. The server
+binds to 127.0.0.1 unless told otherwise (``host``): it executes whatever a client sends.
 """
 
 from __future__ import annotations
@@ -45,6 +54,13 @@ from starlette.concurrency import run_in_threadpool
 
 import env_adapters
 from env_adapters.base import TextEnv, utf8_safe
+from env_adapters.http_limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    BodyLimits,
+    head_deadline_protocol,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,11 +264,15 @@ def _int_field(body: dict[str, Any], *names: str, default: Any = ...) -> int:
 
 
 def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
-               env_kwargs: dict | None = None, *, reap_interval_s: float | None = None):
+               env_kwargs: dict | None = None, *, reap_interval_s: float | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S):
     """A FastAPI app serving adapter ``env_name`` (built with ``make_env(env_name, **env_kwargs)``).
 
     ``reap_interval_s``: how often the reaper looks for idle instances (default
-    ``min(idle_timeout_s / 4, 30)``). The pool is ``app.state.pool``.
+    ``min(idle_timeout_s / 4, 30)``). The pool is ``app.state.pool``. ``max_body_bytes`` and
+    ``request_timeout_s`` bound each request's body (413 / 408, see the module doc); the
+    deadline for request heads is the server's (:func:`uvicorn_options`).
     """
     if env_name not in env_adapters.ADAPTERS:
         raise ValueError(f"unknown environment {env_name!r}; choose one of "
@@ -275,6 +295,7 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
             await run_in_threadpool(pool.close_all)
 
     app = FastAPI(title=f"AgentGym env server: {env_name}", lifespan=lifespan)
+    app.add_middleware(BodyLimits, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s)
     app.state.pool = pool
     app.state.env_name = env_name
 
@@ -302,7 +323,7 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
             return {}
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
             raise EnvRequestError("request body is not valid JSON", "bad_request") from None
         if data is None:
             return {}
@@ -321,6 +342,7 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
     async def health() -> dict[str, Any]:
         return {"status": "ok", "env": env_name, "envs": len(pool), "max_envs": max_envs,
                 "idle_timeout_s": idle_timeout_s, "reaped": pool.reaped,
+                "max_body_bytes": max_body_bytes, "request_timeout_s": request_timeout_s,
                 "protocol": "agentgym"}
 
     @app.post("/create")
@@ -427,18 +449,28 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
     return app
 
 
-_APP_KEYS = ("max_envs", "idle_timeout_s", "env_kwargs", "reap_interval_s")
+_APP_KEYS = ("max_envs", "idle_timeout_s", "env_kwargs", "reap_interval_s", "max_body_bytes")
 
 
-def serve(env_name: str, host: str = "127.0.0.1", port: int = 8001, **kw: Any) -> None:
-    """Run the server for ``env_name`` (blocking). ``kw``: :func:`create_app` arguments
-    (``max_envs``, ``idle_timeout_s``, ``env_kwargs``, ``reap_interval_s``); the rest go to
-    ``uvicorn.run`` (e.g. ``log_level``)."""
+def uvicorn_options(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                    max_connections: int = DEFAULT_MAX_CONNECTIONS) -> dict[str, Any]:
+    """``uvicorn.Config`` keyword arguments that apply the server's connection limits: a
+    deadline for request heads and a cap on open connections (see the module doc)."""
+    return {"http": head_deadline_protocol(request_timeout_s), "limit_concurrency": max_connections}
+
+
+def serve(env_name: str, host: str = "127.0.0.1", port: int = 8001, *,
+          request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS, **kw: Any) -> None:
+    """Run the server for ``env_name`` on ``host`` (loopback by default) (blocking). ``kw``:
+    :func:`create_app` arguments (``max_envs``, ``idle_timeout_s``, ``env_kwargs``,
+    ``reap_interval_s``, ``max_body_bytes``); the rest go to ``uvicorn.run`` (e.g. ``log_level``)."""
     import uvicorn
 
     app_kw = {k: kw.pop(k) for k in _APP_KEYS if k in kw}
     kw.setdefault("log_level", "info")
-    uvicorn.run(create_app(env_name, **app_kw), host=host, port=port, **kw)
+    uvicorn.run(create_app(env_name, request_timeout_s=request_timeout_s, **app_kw), host=host, port=port,
+                **uvicorn_options(request_timeout_s, max_connections), **kw)
 
 
-__all__ = ["EnvPool", "EnvRequestError", "create_app", "serve"]
+__all__ = ["EnvPool", "EnvRequestError", "create_app", "serve", "uvicorn_options"]

@@ -14,7 +14,7 @@ from env_adapters.base import TextEnv, format_error
 class ServerThread:
     """uvicorn in a daemon thread on a free loopback port."""
 
-    def __init__(self, app, port: int = 0):
+    def __init__(self, app, port: int = 0, **uvicorn_kw):
         # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
         # proto is TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every response
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -23,7 +23,7 @@ class ServerThread:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=2)
+                                timeout_graceful_shutdown=2, **uvicorn_kw)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)

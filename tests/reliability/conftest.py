@@ -1,0 +1,30 @@
+"""Fixtures of the reliability tests. Their helper modules (diskfull.py, checkpoints.py, ...)
+sit beside them and are imported by name (this folder is on sys.path, as pytest puts it there)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # also for fork-server children (they get sys.path)
+
+
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite DB with its tables made: creating them takes ~10 s on the busy
+    2-core machine, copying the file a few milliseconds."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture
+def mlflow_dir(tmp_path, _mlflow_template) -> Path:
+    """``tmp_path`` holding a ready ``mlflow.db`` (``checkpoints.stage_run`` uses it)."""
+    shutil.copy(_mlflow_template, tmp_path / "mlflow.db")
+    return tmp_path
