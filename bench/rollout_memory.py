@@ -35,7 +35,19 @@ from pathlib import Path
 ACTIONS = ["turn left", "move forward", "turn right", "move forward", "pickup"]
 
 
-class ScriptedEngine:
+def _no_cache_engine() -> type:
+    """The tests' scripted-engine base (tests/scripted_engine.py), loaded by path: putting tests/
+    on sys.path would let tests/env_adapters shadow the env_adapters package."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "scripted_engine.py"
+    spec = importlib.util.spec_from_file_location("scripted_engine", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.NoCacheEngine
+
+
+class ScriptedEngine(_no_cache_engine()):
     """An ``InferenceEngine`` that replies with BabyAI moves in a fixed cycle (token ids of
     ``Action: <move>`` + end of turn), log-prob -0.5 per token; no model, no cache."""
 
@@ -56,15 +68,6 @@ class ScriptedEngine:
             self.generated_tokens += len(ids)
             out.append(Sample(list(ids), [-0.5] * len(ids), "stop"))
         return out
-
-    def release(self, keys):
-        list(keys)
-
-    def update_weights(self, named):
-        pass
-
-    def close(self):
-        pass
 
 
 def _rss_mb() -> float:
