@@ -155,8 +155,9 @@ def _normalise(line: str) -> str:
 
 #: ``observation_style`` values: AgentGym's text byte for byte, or the same facts in fewer tokens.
 OBSERVATION_STYLES = ("agentgym", "compact")
-#: Compound-action verbs the compact style lists once, followed by their objects.
-_COMPACT_VERBS = ("go to ", "pickup ", "go through ", "toggle and go through ")
+#: Compound-action verbs the compact style lists once, followed by their objects (longest first:
+#: "toggle and go through " is not read as another verb's prefix).
+_COMPACT_VERBS = ("toggle and go through ", "go through ", "pickup ", "go to ")
 
 
 def _actions_suffix(actions: list[str]) -> str:
@@ -179,8 +180,7 @@ def _compact_actions_suffix(actions: list[str]) -> str:
     plain: list[str] = []
     grouped: dict[str, list[str]] = {}
     for a in actions:
-        verb = next((v for v in sorted(_COMPACT_VERBS, key=len, reverse=True) if a.startswith(v)),
-                    None)
+        verb = next((v for v in _COMPACT_VERBS if a.startswith(v)), None)
         if verb is None or a == "go to goal":
             plain.append(a)
         else:
@@ -434,7 +434,6 @@ class BabyAIEnv(TextEnv):
                 if "wall" in o["name"]:
                     continue
                 front, right = offsets(o)
-                seen.append((o["name"] + " " + str(cnt.get(o["name"], 0) + 1), front, right))
                 if right == 0:
                     where = "right in front of you " + str(front) + " steps away. "
                 elif right > 0:
@@ -442,6 +441,7 @@ class BabyAIEnv(TextEnv):
                 else:
                     where = f"{front} steps in front of you and {-right} steps to your left. "
                 cnt[o["name"]] = cnt.get(o["name"], 0) + 1
+                seen.append((o["name"] + " " + str(cnt[o["name"]]), front, right))
                 desc += "There is a " + o["name"] + " " + str(cnt[o["name"]]) + " " + where + " "
         else:
             desc = "You cannot see any objects within sight."
