@@ -52,18 +52,22 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny or smollm2 (the quickstart's)")
     ap.add_argument("--iterations", type=int, default=3, help="iterations per stage (quickstart: 2)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine a "
+                    "second OpenMP thread spin-waits on a busy core, up to 50x slower; see bench/README.md)")
     ap.add_argument("--quick", action="store_true", help="keyword env, 2 stages x 2 iterations (smoke)")
     return ap.parse_args()
 
 
 ARGS = _parse()
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="bench-prefect-"))
+# a kept PREFECT_HOME: the temporary server's database is migrated once, not on every run (on a
+# loaded 2-core machine a fresh one missed a 120 s start-up deadline)
+os.environ.setdefault("PREFECT_HOME", os.path.expanduser("~/.cache/agentgym/bench-prefect"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

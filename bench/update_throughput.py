@@ -30,9 +30,10 @@ this process (TRL in a child process), so load changes hit them alike.
   ``training_step`` (forward, loss, accelerate's backward), then ``clip_grad_norm_`` +
   ``optimizer.step`` as its training loop does. Equal: model, batch, tokens trained, loss
   (``loss_type="dapo"``: token mean over the whole mini-batch, like our token-mean), clip
-  range, optimizer, lr, grad clip, fp32, no KL (``beta=0``). Different: TRL computes the
-  logits of completion tokens only (``logits_to_keep``), no entropy unless asked; its
-  Trainer adds its own bookkeeping; no DeepSpeed.
+  range, optimizer, lr, grad clip, fp32, no KL (``beta=0``), both compute the entropy of every
+  trained token. Different: TRL computes the logits of completion tokens only
+  (``logits_to_keep``, as ours runs the LM head on policy tokens only); its Trainer adds its own
+  bookkeeping (accelerate); no DeepSpeed.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine a "
+                    "second OpenMP thread spin-waits on a busy core, up to 50x slower; see bench/README.md)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL (no venv created)")
     ap.add_argument("--torch-index", default="", help="extra pip index for the CPU torch when creating "
                     "bench/.venv-trl, e.g. https://download.pytorch.org/whl/cpu (default: pip's own config)")
@@ -209,6 +211,8 @@ def trl_child(batch_file: str, args) -> None:
         trainer = FixedBatchGRPO(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
                                  args=cfg, train_dataset=data, processing_class=tok)
         trainer.create_optimizer_and_scheduler(num_training_steps=args.reps + 1)
+        # set by Trainer's own loop, which is not run: the "dapo" loss divides by it
+        trainer.current_gradient_accumulation_steps = rows // args.micro
         opt = trainer.optimizer
         model = trainer.model
         model.train()
@@ -239,6 +243,7 @@ def trl_child(batch_file: str, args) -> None:
 
 def main() -> int:
     args = _parse()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.trl_child:
         trl_child(args.trl_child, args)
         return 0
