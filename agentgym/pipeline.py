@@ -229,7 +229,7 @@ class PolicySession:
         t0 = time.perf_counter()
         tokens_before = self.engine.generated_tokens
         gen_before = getattr(self.engine, "generate_seconds", 0.0)
-        store_s = 0.0  # staging episodes to the store as they end, then the commit
+        store_s = 0.0  # staging episodes to the store as they end (the commit is timed apart)
         summaries: list[EpisodeSummary] = []
         draws = 0
         wanted = self.cfg.rollout.tasks_per_iteration
@@ -258,14 +258,15 @@ class PolicySession:
             check_infra_errors(summaries, self.cfg.rollout.max_infra_error_fraction, ref)
             t_commit = time.perf_counter()
             manifest = writer.commit()
-            store_s += time.perf_counter() - t_commit
+            commit_s = time.perf_counter() - t_commit
         generate_s = getattr(self.engine, "generate_seconds", 0.0) - gen_before
         return {
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
             # where the iteration's time goes (bench/pipeline_overhead.py adds these up)
+            # (generate + store write + loop/env = rollout_seconds; the commit comes after it)
             "time/generate_s": generate_s, "time/rollout_store_write_s": store_s,
-            "time/rollout_loop_env_s": seconds - generate_s - store_s,
+            "time/rollout_loop_env_s": seconds - generate_s - store_s, "time/rollout_store_commit_s": commit_s,
             "gen_tokens_per_s": gen / seconds if seconds > 0 else float("nan"),
             "sampling_draws": float(draws), "informative_groups": float(informative_groups(summaries, shaping)),
             **episode_metrics(summaries),

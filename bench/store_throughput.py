@@ -64,7 +64,7 @@ def make_episodes(n: int, turns: int, seed: int = 0) -> list:
             ep.append(ids[at + 8:at + 308], sampled=False)
             obs = " ".join(rng.choice(words, 180))
             ep.turns.append(Turn(t, obs, "Action: move forward", "move forward", 0.0,
-                                 t == turns - 1, False, False, len(reply), 2.0))
+                                 t == turns - 1, False, False, 8, 2.0))
         ep.terminated = True
         out.append(ep)
     return out
