@@ -228,6 +228,8 @@ class PolicySession:
             return {"rows": existing.rows, "digest": existing.digest, "reused": True, **episode_metrics(eps)}
         t0 = time.perf_counter()
         tokens_before = self.engine.generated_tokens
+        gen_before = getattr(self.engine, "generate_seconds", 0.0)
+        store_s = 0.0  # staging episodes to the store as they end (the commit is timed apart)
         summaries: list[EpisodeSummary] = []
         draws = 0
         wanted = self.cfg.rollout.tasks_per_iteration
@@ -246,16 +248,25 @@ class PolicySession:
                     self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing),
                     self.rollout_settings(horizon, seed=seed), make_env=make_env, on_turn=on_turn,
                 ):
+                    t_add = time.perf_counter()
                     writer.add(ep)
+                    store_s += time.perf_counter() - t_add
                     summaries.append(EpisodeSummary.of(ep))
                 draws += 1
             seconds = time.perf_counter() - t0
             gen = self.engine.generated_tokens - tokens_before
             check_infra_errors(summaries, self.cfg.rollout.max_infra_error_fraction, ref)
+            t_commit = time.perf_counter()
             manifest = writer.commit()
+            commit_s = time.perf_counter() - t_commit
+        generate_s = getattr(self.engine, "generate_seconds", 0.0) - gen_before
         return {
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
+            # where the iteration's time goes (bench/pipeline_overhead.py adds these up)
+            # (generate + store write + loop/env = rollout_seconds; the commit comes after it)
+            "time/generate_s": generate_s, "time/rollout_store_write_s": store_s,
+            "time/rollout_loop_env_s": seconds - generate_s - store_s, "time/rollout_store_commit_s": commit_s,
             "gen_tokens_per_s": gen / seconds if seconds > 0 else float("nan"),
             "sampling_draws": float(draws), "informative_groups": float(informative_groups(summaries, shaping)),
             **episode_metrics(summaries),
@@ -272,8 +283,10 @@ class PolicySession:
         existing = self.store.manifest("advantages", ref.stage, ref.iteration)
         if existing is not None:
             return {"rows": existing.rows, "digest": existing.digest, "reused": True}
+        t0 = time.perf_counter()
         episodes = [e for e in self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)
                     if not e.infra_error]
+        read_s = time.perf_counter() - t0
         if not episodes:
             manifest = self.store.write_advantages([], stage=ref.stage, iteration=ref.iteration,
                                                    estimator=algo.estimator.value)
@@ -328,8 +341,13 @@ class PolicySession:
              "returns": ret[i, : len(e.input_ids)].tolist()}
             for i, e in enumerate(episodes)
         ]
+        t_write = time.perf_counter()
         manifest = self.store.write_advantages(rows, stage=ref.stage, iteration=ref.iteration,
                                                estimator=algo.estimator.value)
+        write_s = time.perf_counter() - t_write
+        extra["time/advantages_store_read_s"] = read_s
+        extra["time/advantages_store_write_s"] = write_s
+        extra["time/advantages_compute_s"] = t_write - t0 - read_s
         n_groups = len(set(groups))
         tied_groups = len({g for g, t in zip(groups, tied.tolist()) if t})
         adv_tokens = adv[mask.bool()]
@@ -372,8 +390,10 @@ class PolicySession:
     # -- 3. update + weight sync -----------------------------------------------------------
     def update(self, ref: IterationRef) -> dict[str, Any]:
         algo = self.cfg.algorithm
+        t_read = time.perf_counter()
         episodes = {e.episode_id: e for e in self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)}
         adv = self.store.read_table("advantages", stage=ref.stage, iteration=ref.iteration)
+        read_s = time.perf_counter() - t_read
         old_values = self._old_values.pop((ref.stage, ref.iteration), None)
         critic = algo.critic.model != "none"
         scored = [e for e in episodes.values() if not e.infra_error]
@@ -407,10 +427,18 @@ class PolicySession:
         # One batch path at every world size: the exact rows go to the store's train_batch table
         # and the trainer (or each of a group's ranks) reads them back from there.
         self.store.write_train_batch(rows, stage=ref.stage, iteration=ref.iteration)
-        metrics = self.trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
-        self.engine.update_weights(self.trainer.named_weights())
+        write_s = time.perf_counter() - t0
+        trainer = self.trainer  # built on the first update: its start-up is timed apart
+        t_train = time.perf_counter()
+        metrics = trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
+        t_sync = time.perf_counter()
+        self.engine.update_weights(trainer.named_weights())
         self.policy_version += 1
-        return {"updated": True, "update_seconds": time.perf_counter() - t0,
+        end = time.perf_counter()
+        metrics = {**metrics, "time/update_store_read_s": read_s,
+                   "time/train_batch_write_s": write_s, "time/trainer_start_s": t_train - t0 - write_s,
+                   "time/train_s": t_sync - t_train, "time/weight_sync_s": end - t_sync}
+        return {"updated": True, "update_seconds": end - t0,
                 "skipped_episodes": float(skipped), "train_episodes": float(len(rows)),
                 "policy_version": self.policy_version, **metrics}
 

@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import random
+import time
 import types
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -849,8 +850,11 @@ class PolicyTrainer:
                          seed: int = 0) -> dict[str, float]:
         """Train on the iteration's committed ``train_batch`` table of the trajectory store
         (``TrajectoryStore.spec()``): the pipeline's one batch path, at every world size."""
+        t0 = time.perf_counter()
         rows = TrajectoryStore(**store).read_train_rows(stage, iteration)
-        return self.train_on_batch(TrainBatch.from_rows(rows, self.pad_id), seed=seed)
+        batch = TrainBatch.from_rows(rows, self.pad_id)
+        read_s = time.perf_counter() - t0  # store read + padding: the rest is forward/backward/step
+        return {**self.train_on_batch(batch, seed=seed), "time/train_store_read_s": read_s}
 
     def train_on_batch(self, batch: TrainBatch, seed: int = 0, objective: str = "ppo",
                        epochs: int | None = None, mini_batches: int | None = None) -> dict[str, float]:

@@ -26,6 +26,7 @@ for the decode steps.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -112,6 +113,7 @@ class HFEngine:
         self.keep_cache = keep_cache
         self.generated_tokens = 0  # running count, for throughput metrics
         self.prefilled_tokens = 0  # tokens actually run through prefill (cache misses)
+        self.generate_seconds = 0.0  # wall time inside generate / choose (the pipeline's timing metrics)
         self._prefixes: dict[str, _Prefix] = {}
         # transformers 5.x renamed `past_key_values` to `cache`; accept both.
         params = inspect.signature(type(model).forward).parameters
@@ -229,11 +231,19 @@ class HFEngine:
         if kv and kv[0][0].shape[1] == len(tokens):
             self._prefixes[key] = _Prefix(list(tokens), kv)
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  cache_keys: list[str] | None = None) -> list[Sample]:
         """One reply per prompt. With ``cache_keys`` (one per prompt, e.g. the episode id), the
         keys/values of each conversation are kept for its next, longer prompt."""
+        t0 = time.perf_counter()
+        try:
+            return self._generate(prompts, params, cache_keys)
+        finally:
+            self.generate_seconds += time.perf_counter() - t0
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[list[int]], params: SamplingParams,
+                  cache_keys: list[str] | None) -> list[Sample]:
         if not prompts:
             return []
         check_prompts(prompts, cache_keys)
@@ -292,7 +302,6 @@ class HFEngine:
         self.generated_tokens += sum(len(x) for x in out_ids)
         return [Sample(out_ids[i], out_lps[i], reasons[i]) for i in range(n)]  # type: ignore[arg-type]
 
-    @torch.no_grad()
     def choose(self, prompts: list[list[int]], choices: list[list[list[int]]], params: SamplingParams,
                cache_keys: list[str] | None = None) -> list[Sample]:
         """For each prompt, one of its candidate replies ``choices[i]`` (token-id lists, e.g. every
@@ -307,6 +316,15 @@ class HFEngine:
         Cost: one prefill (kept caches reused as in ``generate``), then one forward over the
         distinct prefixes of every prompt's candidates (``_candidate_logprobs``).
         """
+        t0 = time.perf_counter()
+        try:
+            return self._choose(prompts, choices, params, cache_keys)
+        finally:
+            self.generate_seconds += time.perf_counter() - t0
+
+    @torch.no_grad()
+    def _choose(self, prompts: list[list[int]], choices: list[list[list[int]]], params: SamplingParams,
+                cache_keys: list[str] | None) -> list[Sample]:
         if not prompts:
             return []
         check_prompts(prompts, cache_keys)

@@ -64,6 +64,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -244,6 +245,7 @@ class VLLMEngine:
         self.is_cpu = bool(current_platform.is_cpu())
         self.inplace_update = (not self.is_cpu) if inplace_update is None else bool(inplace_update)
         self.generated_tokens = 0  # running count, for throughput metrics
+        self.generate_seconds = 0.0  # wall time inside generate (the pipeline's timing metrics)
         self.prefilled_tokens = 0  # prompt tokens not served from the prefix cache
         self.weights_version = 0
 
@@ -424,6 +426,14 @@ class VLLMEngine:
                  cache_keys: list[str] | None = None) -> list[Sample]:
         """One reply per prompt (token ids, no padding). ``cache_keys`` is accepted for the
         protocol; vLLM's prefix cache finds the conversation's earlier turns by itself."""
+        t0 = time.perf_counter()
+        try:
+            return self._generate(prompts, params, cache_keys)
+        finally:
+            self.generate_seconds += time.perf_counter() - t0
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams,
+                  cache_keys: list[str] | None) -> list[Sample]:
         if not prompts:
             return []
         check_prompts(prompts, cache_keys)

@@ -101,3 +101,24 @@ def test_a_streamed_rollout_that_fails_leaves_no_file_and_a_rerun_commits_once(t
         assert not list(run.rglob(".tmp-*"))
     finally:
         s.close()
+
+
+def test_each_step_reports_where_its_time_went(session):
+    """The ``time/*`` spans every step returns (MLflow metrics; bench/pipeline_overhead.py adds
+    them up): each is a duration, and the parts of the rollout add up to its wall time."""
+    ref = IterationRef(0, 0, 0)
+    rollout = session.collect(ref, horizon=1)
+    parts = ("time/generate_s", "time/rollout_store_write_s", "time/rollout_loop_env_s")
+    assert all(rollout[k] >= 0 for k in parts + ("time/rollout_store_commit_s",)) and rollout["time/generate_s"] > 0
+    assert sum(rollout[k] for k in parts) == pytest.approx(rollout["rollout_seconds"])
+    assert rollout["time/generate_s"] == pytest.approx(session.engine.generate_seconds)
+    adv = session.advantages(ref)
+    assert all(adv[f"time/advantages_{k}_s"] >= 0 for k in ("store_read", "compute", "store_write"))
+    upd = session.update(ref)
+    spans = ("update_store_read", "train_batch_write", "trainer_start", "train", "train_store_read", "weight_sync")
+    assert all(upd[f"time/{k}_s"] >= 0 for k in spans)
+    assert upd["time/trainer_start_s"] > 0  # the first update builds the trainer
+    assert upd["time/train_store_read_s"] < upd["time/train_s"]
+    # from the train_batch write on: the write, the trainer's start, training, the weight sync
+    inside = ("train_batch_write", "trainer_start", "train", "weight_sync")
+    assert upd["update_seconds"] == pytest.approx(sum(upd[f"time/{k}_s"] for k in inside), abs=1e-3)
