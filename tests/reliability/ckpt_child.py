@@ -24,6 +24,8 @@ from mlflow.tracking import MlflowClient
 from checkpoints import stage_run
 
 KILL_POINTS = ("before_upload", "mid_upload", "before_tags", "between_tags")
+#: an SFT epoch checkpoint is published by one tag (``agentgym.sft_epoch_checkpoint``): no "between"
+SFT_KILL_POINTS = ("before_upload", "mid_upload", "before_tags")
 
 
 def _die() -> None:
@@ -80,3 +82,23 @@ def log_checkpoints(db_dir: str, folders: list[str], first_step: int, kill_at: s
         if kill_at and i == len(folders) - 1:
             _arm(kill_at)
         tracker.log_checkpoint(stage, folder, step, meta={"run_id": "ckpt", "stage": 0, "policy_version": step})
+
+
+def sft_run(db_dir: str | Path) -> tuple:
+    """A tracker on ``db_dir``'s DB and the SFT run of pipeline ``ckpt`` (found again by a re-run)."""
+    from agentgym.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{db_dir}/mlflow.db", "reliability")
+    parent = tracker.pipeline_run("ckpt", {"run_id": "ckpt"})
+    return tracker, tracker.sft_run(parent, "ckpt", {"epochs": 4})
+
+
+def log_sft_epochs(db_dir: str, folders: list[str], first_epoch: int, kill_at: str | None) -> None:
+    """Log ``folders`` as the SFT epoch checkpoints of epochs ``first_epoch``, ... with the real
+    ``Tracker.log_sft_epoch_checkpoint`` (what ``tasks/sft.py`` calls after each epoch); with
+    ``kill_at``, die there during the last one."""
+    tracker, run = sft_run(db_dir)
+    for i, folder in enumerate(folders):
+        if kill_at and i == len(folders) - 1:
+            _arm(kill_at)
+        tracker.log_sft_epoch_checkpoint(run, folder, first_epoch + i)
