@@ -46,10 +46,11 @@ def free_bytes(path: str | os.PathLike) -> int | None:
     return None
 
 
-def is_out_of_space(exc: BaseException, path: str | os.PathLike | None = None) -> bool:
+def is_out_of_space(exc: BaseException, path: str | os.PathLike | None = None,
+                    opaque: tuple[type[BaseException], ...] = (OSError, RuntimeError)) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is a write that found the disk
-    full: ENOSPC / EDQUOT, the text of either, or an opaque I/O failure while ``path``'s disk
-    has almost nothing free."""
+    full: ENOSPC / EDQUOT, the text of either, or an opaque failure (of the ``opaque`` types)
+    while ``path``'s disk has almost nothing free."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
@@ -59,20 +60,22 @@ def is_out_of_space(exc: BaseException, path: str | os.PathLike | None = None) -
         if any(m in str(e).lower() for m in _MARKERS):
             return True
         e = e.__cause__ or e.__context__
-    if path is not None and isinstance(exc, (OSError, RuntimeError)):
+    if path is not None and isinstance(exc, opaque):
         free = free_bytes(path)
         return free is not None and free < NEARLY_FULL_BYTES
     return False
 
 
 @contextlib.contextmanager
-def disk_errors(what: str, path: str | os.PathLike, fix: str = "free space on that disk") -> Iterator[None]:
+def disk_errors(what: str, path: str | os.PathLike, fix: str = "free space on that disk",
+                opaque: tuple[type[BaseException], ...] = (OSError, RuntimeError)) -> Iterator[None]:
     """Run a write of ``what`` to ``path``; if it fails for lack of space, raise
-    ``OSError(ENOSPC)`` naming both (and ``fix``) from the original error."""
+    ``OSError(ENOSPC)`` naming both (and ``fix``) from the original error. ``opaque``: the
+    error types taken for a full disk when they say nothing but the disk is (nearly) full."""
     try:
         yield
     except Exception as e:
-        if getattr(e, "names_the_disk", False) or not is_out_of_space(e, path):
+        if getattr(e, "names_the_disk", False) or not is_out_of_space(e, path, opaque):
             raise  # not a full disk, or already named by an inner disk_errors
         free = free_bytes(path)
         left = f"{free:,} bytes free there" if free is not None else "free space unknown"

@@ -31,7 +31,6 @@ import logging
 import secrets
 import shutil
 import subprocess
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
+from agentgym import tempdirs
 from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.dist_env import free_port, rank_env
 from agentgym.group_launcher import (
@@ -103,7 +103,7 @@ class ResidentGroup:
         # A folder we make is ours to remove at close() (launcher and rank logs, the DeepSpeed
         # env file, torchrun's log folder); one the caller gives is theirs to keep.
         self._owns_run_dir = run_dir is None
-        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="agentgym-group-"))
+        self.run_dir = Path(run_dir) if run_dir else tempdirs.make("agentgym-group-")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._init_args = {
             "model_path": str(model_path), "pad_id": self.pad_id,

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agentgym.diskspace import disk_errors
+
 DEFAULT_CACHE = "~/.cache/agentgym/models"
 
 
@@ -51,13 +53,19 @@ def dtype_kwarg() -> str:
 
 @contextlib.contextmanager
 def staging(final: Path) -> Iterator[Path]:
-    """A new hidden sibling folder of ``final`` to build in; removed on exit unless published."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    """A new hidden sibling folder of ``final`` to build in; removed on exit unless published.
+    A full disk is reported as ENOSPC naming the folder and ``model.cache_dir`` (safetensors
+    alone says "Error while serializing: I/O error", naming nothing)."""
+    tmp: Path | None = None
     try:
-        yield tmp
+        with disk_errors(f"model folder {final.name}", final.parent, "free space there, or point "
+                         "model.cache_dir (agentgym models prepare --cache-dir) at a disk with room; "
+                         "nothing partial was kept"):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+            yield tmp
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 

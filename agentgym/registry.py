@@ -35,7 +35,9 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from agentgym.diskspace import disk_errors
 from agentgym.models import resolve_model
+from agentgym.tracking_db import guarded
 
 CHAMPION = "champion"
 TAG_DECISION = "agentgym.decision"
@@ -101,7 +103,12 @@ def materialize(ref: str, tracking_uri: str, cache_dir: str | os.PathLike = "~/.
 
     tmp = Path(tempfile.mkdtemp(prefix=f".dl-{uuid.uuid4().hex[:6]}-", dir=root))
     try:
-        mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp), tracking_uri=tracking_uri)
+        # MLflow's runs:/ download swallows the ENOSPC and says "Failed to download artifacts from
+        # path ..., please ensure that the path is correct": any error with the cache disk full
+        # is taken for what it is (checked before the partial download is removed)
+        with disk_errors(f"the download of {uri}", root, "free space there, or point model.cache_dir at a "
+                         "disk with room; nothing partial was kept", opaque=(Exception,)):
+            mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp), tracking_uri=tracking_uri)
         try:
             tmp.rename(final)
         except OSError:  # another process published it first
@@ -151,7 +158,8 @@ class ModelRegistry:
 
     def __init__(self, tracking_uri: str, registry_uri: str | None = None):
         self.uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
+        self.client = guarded(MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri),
+                              registry_uri or tracking_uri)  # a full SQLite DB: ENOSPC naming it
 
     def ensure_model(self, name: str, description: str | None = None) -> None:
         try:

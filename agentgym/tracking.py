@@ -29,6 +29,7 @@ from mlflow.types.schema import Array
 from agentgym.config import TrackingConfig
 from agentgym.diskspace import disk_errors
 from agentgym.store import SCHEMAS
+from agentgym.tracking_db import guarded
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,8 @@ class Tracker:
         else the server's default); given and different from an existing experiment's: an error."""
         self.uri = tracking_uri
         self.ui_url = ui_url
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        # a full SQLite DB is reported as ENOSPC naming tracking.tracking_uri (tracking_db.py)
+        self.client = guarded(MlflowClient(tracking_uri=tracking_uri), tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             self.experiment_id = self.client.create_experiment(

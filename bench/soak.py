@@ -103,6 +103,7 @@ def soak(workdir: Path, iterations: int = 200, eval_every: int = 5, ckpt_every: 
          model_cache: str = "~/.cache/agentgym/models", on_sample=None) -> list[dict[str, float]]:
     """Run the loop for ``iterations``; returns one sample per iteration (index 0: before the
     first). ``on_sample(i, sample)`` is called as they come."""
+    from agentgym import tempdirs
     from agentgym.evaluation import evaluate
     from agentgym.pipeline import IterationRef, PolicySession
     from agentgym.tracking import Tracker
@@ -127,7 +128,7 @@ def soak(workdir: Path, iterations: int = 200, eval_every: int = 5, ckpt_every: 
                     report = evaluate(session.engine, session.formatter, cfg, k=1, horizon=2, seed=it)
                     tracker.log_metrics(stage, report.metrics("eval"), step=it)
                 if (it + 1) % ckpt_every == 0:
-                    with tempfile.TemporaryDirectory(prefix="agentgym-ckpt-") as ckpt:
+                    with tempdirs.scratch("agentgym-ckpt-") as ckpt:
                         session.export(ckpt)
                         tracker.log_checkpoint(stage, ckpt, it + 1, meta={"run_id": "soak"})
                 s = {"iteration": it + 1, "seconds": time.perf_counter() - t0,

@@ -350,7 +350,7 @@ class HTTPEnv(TextEnv):
                     f"server may already have applied it") from exc
             status = resp.status_code
             if status in _RETRY_STATUS or (status == 504 and idempotent):
-                last = f"HTTP {status}"
+                last = f"HTTP {status}: {resp.text[:300]}"  # e.g. the server's "busy" payload
                 continue
             if status == 404 and allow_404:
                 return None

@@ -12,10 +12,14 @@ of any size (measured: a client that sent half its headers, or a body shorter th
   line and headers (``request_timeout_s`` from the connection's start or the previous response):
   a partial head past it is answered ``408`` and the connection closed; an idle keep-alive
   connection is closed by uvicorn's own keep-alive timeout, as before.
-* ``max_connections`` (uvicorn's ``limit_concurrency``): beyond it new requests get ``503``.
+* ``max_connections`` (uvicorn's ``limit_concurrency``): a request that arrives while the server
+  holds ``max_connections`` open connections (its own included) or requests in flight is
+  answered ``503`` and its connection closed; the server takes requests again as soon as
+  connections close (``HTTPEnv`` retries a 503 with backoff).
 
 Each refusal carries the protocol's error payload ``{"error": ..., "code": ...}`` with the
-codes ``too_large``, ``timeout`` (and uvicorn's plain-text 503 for ``max_connections``).
+codes ``too_large``, ``timeout`` and ``busy`` (the 503: uvicorn's own body was the plain text
+"Service Unavailable", which named no limit).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import json
 from typing import Any
 
+from uvicorn.protocols.http import h11_impl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a step's body is a model reply (a few KB at most)
@@ -141,8 +146,24 @@ class _HeadDeadline(H11Protocol):
         self.transport.close()
 
 
+async def _busy(scope: dict, receive: Any, send: Any) -> None:
+    """The 503 answer beyond ``max_connections``, as a protocol error payload."""
+    body = _error_body("server busy: it holds max_connections open connections (agentgym env serve "
+                       "--max-connections); retry later, or raise the limit", "busy")
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def head_deadline_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> type[H11Protocol]:
-    """The uvicorn ``http`` protocol class enforcing ``request_timeout_s`` on request heads."""
+    """The uvicorn ``http`` protocol class enforcing ``request_timeout_s`` on request heads.
+
+    Also makes uvicorn's h11 protocol answer ``max_connections`` refusals with ``_busy``: uvicorn
+    picks the app it runs for a refused request from the module global ``service_unavailable``
+    of ``h11_impl`` (0.54: no hook per server), so that global is replaced, for every h11 server
+    of this process (the body is the only change)."""
+    h11_impl.service_unavailable = _busy
     return type("HeadDeadlineH11Protocol", (_HeadDeadline,), {"head_timeout_s": float(request_timeout_s)})
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from agentgym import progress
+from agentgym import progress, tempdirs
 from agentgym.config import PipelineConfig
 from agentgym.distributed import GroupError
 from agentgym.pipeline import IterationRef
@@ -94,7 +94,7 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
     session = get_session(config, run_id)
     tracker = Tracker.from_config(config.tracking)
     commits = [m.to_dict() for m in session.store.commits("episodes")]
-    with tempfile.TemporaryDirectory(prefix="agentgym-ckpt-") as tmp:
+    with tempdirs.scratch("agentgym-ckpt-") as tmp:
         session.export(tmp)
         if config.tracking.checkpoint_trainer_state and session.has_trainer:
             session.trainer.save_checkpoint(Path(tmp, TRAINER_STATE), {"global_step": global_step})

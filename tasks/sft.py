@@ -8,7 +8,6 @@ for the RL stages.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from prefect import get_run_logger, task
 from transformers import AutoTokenizer
 from prefect.cache_policies import NO_CACHE
 
-from agentgym import progress
+from agentgym import progress, tempdirs
 from agentgym import sft as S
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
@@ -131,7 +130,7 @@ def sft_train(config: PipelineConfig, run_id: str, sft_mlflow_id: str, demos: di
             step = S.train_epoch(trainer, train, config, epoch, step, on_step)
             after = heldout_metrics(step)
             last = epoch == s.epochs - 1
-            with tempfile.TemporaryDirectory(prefix="agentgym-sft-") as tmp:
+            with tempdirs.scratch("agentgym-sft-") as tmp:
                 trainer.save_hf(tmp, tokenizer)
                 if config.tracking.checkpoint_trainer_state and not last:
                     trainer.save_checkpoint(Path(tmp, "trainer_state"), {"sft_step": step})

@@ -63,7 +63,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -72,6 +71,7 @@ from typing import Any
 
 import torch
 
+from agentgym import tempdirs
 from agentgym.engines.base import Sample, SamplingParams, check_prompts
 
 # vLLM reads these when it is imported / the engine is built; set before either (overridable).
@@ -515,7 +515,7 @@ class VLLMEngine:
                 raise ValueError(f"update_weights: {name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
             state[name] = t.to(device="cpu", dtype=ref.dtype).contiguous()
         if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix="agentgym-vllm-"))
+            self._workdir = tempdirs.make("agentgym-vllm-")
         folder = self._workdir / f"v{self.weights_version + 1}"
         folder.mkdir()
         for f in self.model_path.iterdir():  # config, generation config, tokenizer, template...

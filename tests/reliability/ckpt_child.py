@@ -24,6 +24,8 @@ from mlflow.tracking import MlflowClient
 from checkpoints import stage_run
 
 KILL_POINTS = ("before_upload", "mid_upload", "before_tags", "between_tags")
+#: an SFT epoch checkpoint is published by one tag (``agentgym.sft_epoch_checkpoint``): no "between"
+SFT_KILL_POINTS = ("before_upload", "mid_upload", "before_tags")
 
 
 def _die() -> None:
@@ -79,4 +81,61 @@ def log_checkpoints(db_dir: str, folders: list[str], first_step: int, kill_at: s
         step = first_step + i
         if kill_at and i == len(folders) - 1:
             _arm(kill_at)
+        tracker.log_checkpoint(stage, folder, step, meta={"run_id": "ckpt", "stage": 0, "policy_version": step})
+
+
+def sft_run(db_dir: str | Path) -> tuple:
+    """A tracker on ``db_dir``'s DB and the SFT run of pipeline ``ckpt`` (found again by a re-run)."""
+    from agentgym.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{db_dir}/mlflow.db", "reliability")
+    parent = tracker.pipeline_run("ckpt", {"run_id": "ckpt"})
+    return tracker, tracker.sft_run(parent, "ckpt", {"epochs": 4})
+
+
+def log_sft_epochs(db_dir: str, folders: list[str], first_epoch: int, kill_at: str | None) -> None:
+    """Log ``folders`` as the SFT epoch checkpoints of epochs ``first_epoch``, ... with the real
+    ``Tracker.log_sft_epoch_checkpoint`` (what ``tasks/sft.py`` calls after each epoch); with
+    ``kill_at``, die there during the last one."""
+    tracker, run = sft_run(db_dir)
+    for i, folder in enumerate(folders):
+        if kill_at and i == len(folders) - 1:
+            _arm(kill_at)
+        tracker.log_sft_epoch_checkpoint(run, folder, first_epoch + i)
+
+
+#: kill points of a checkpoint upload to S3 (``tests/reliability/test_s3_checkpoint_kill.py``)
+S3_KILL_POINTS = ("mid_upload", "before_tags")
+
+
+def _arm_s3(kill_at: str) -> None:
+    """As ``_arm``, for MLflow's S3 artifact repository: at ``mid_upload`` the process dies while
+    ``model.safetensors`` is being uploaded, after half of it reached the store as that object
+    (the other files uploaded so far stay: a partial ``step-N`` prefix)."""
+    if kill_at != "mid_upload":
+        return _arm(kill_at)
+    from mlflow.store.artifact.s3_artifact_repo import S3ArtifactRepository
+
+    real_upload = S3ArtifactRepository._upload_file
+
+    def upload(self, s3_client, local_file, bucket, key):
+        if key.endswith("/model.safetensors"):
+            data = Path(local_file).read_bytes()
+            s3_client.put_object(Bucket=bucket, Key=key, Body=data[: len(data) // 2])
+            _die()
+        return real_upload(self, s3_client, local_file, bucket, key)
+
+    S3ArtifactRepository._upload_file = upload
+
+
+def log_s3_checkpoints(env: dict[str, str], location: str, db_dir: str, folders: list[str], first_step: int,
+                       kill_at: str | None) -> None:
+    """``log_checkpoints`` into an S3 artifact store at ``location`` (endpoint and credentials in
+    ``env``: a fork-server child has the server's environment, not the test's)."""
+    os.environ.update(env)
+    tracker, stage = stage_run(Path(db_dir), artifact_location=location)
+    for i, folder in enumerate(folders):
+        step = first_step + i
+        if kill_at and i == len(folders) - 1:
+            _arm_s3(kill_at)
         tracker.log_checkpoint(stage, folder, step, meta={"run_id": "ckpt", "stage": 0, "policy_version": step})

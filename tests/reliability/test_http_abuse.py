@@ -19,13 +19,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from env_adapters.base import InfraError
 from env_adapters.http_client import HTTPEnv
 from env_adapters.http_server import create_app, serve, uvicorn_options
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "env_adapters"))
 from serving import ServerThread  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)  # a hang guard
+pytestmark = pytest.mark.timeout(600)  # a hang guard (64 clients: 88 s at load 11, over 180 s at load ~29)
 TIMEOUT_S = 1.0  # the server's request_timeout_s in these tests (default 30 s)
 
 
@@ -201,3 +202,44 @@ def test_the_server_listens_on_loopback_unless_told_otherwise():
 
     assert inspect.signature(serve).parameters["host"].default == "127.0.0.1"
     assert inspect.signature(env_serve).parameters["host"].default.default == "127.0.0.1"
+
+
+def test_beyond_max_connections_a_client_gets_503_busy_and_the_server_recovers():
+    """``max_connections=4``: with 3 connections held open, a request (its own connection the
+    4th) is answered 503 with the ``busy`` payload naming the limit; once they close, clients are
+    served again, and a client that retries (``HTTPEnv``'s backoff) gets through by itself."""
+    limit, hold_s = 4, 30.0  # a long request timeout: the held connections are not closed by it
+    app = create_app("keyword", request_timeout_s=hold_s, max_envs=8)
+    st = ServerThread(app, **uvicorn_options(request_timeout_s=hold_s, max_connections=limit))
+    ask = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    held: list[socket.socket] = []
+    try:
+        held = [socket.create_connection(("127.0.0.1", st.port)) for _ in range(limit - 2)]
+        status, body, _ = raw(st.port, ask)
+        assert status == 200 and body["status"] == "ok", body  # its own connection is the limit - 1th
+        held.append(socket.create_connection(("127.0.0.1", st.port)))
+        time.sleep(0.3)  # the server has accepted it (loopback; generous on a loaded machine)
+
+        status, body, took = raw(st.port, ask)
+        assert status == 503 and body["code"] == "busy" and "max_connections" in body["error"], (status, body)
+        assert took < 10, took  # answered at once, and the connection closed
+        impatient = HTTPEnv(st.url, "keyword", timeout_s=10, retries=1, backoff_s=0.05)
+        with pytest.raises(InfraError, match="HTTP 503.*max_connections"):  # what a client reports
+            impatient.reset(0)
+        impatient.close()
+
+        # a client that retries (0.1 s, 0.2 s, ... 3.1 s in all) gets through once connections close
+        threading.Timer(0.5, lambda: [s.close() for s in held]).start()
+        patient = HTTPEnv(st.url, "keyword", timeout_s=10, retries=5, backoff_s=0.1)
+        try:
+            patient.reset(3)
+            assert patient.step("yes").reward == 1.0
+        finally:
+            patient.close()
+        status, body, _ = raw(st.port, ask)
+        assert status == 200 and body["status"] == "ok", body
+        assert httpx.get(f"{st.url}/health", timeout=5).json()["envs"] == 0
+    finally:
+        for s in held:
+            s.close()
+        st.stop()
