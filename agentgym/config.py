@@ -156,7 +156,8 @@ class RolloutConfig(_Strict):
         "counts as failed (and is retried on another server).")
     server_retries: int = Field(
         2, ge=0, description="vllm_server: further tries of a request that timed out, could not connect "
-        "or got HTTP 5xx; when they are spent the episode fails with an infrastructure error.")
+        "or got HTTP 5xx; when they are spent generate raises InfraError and the iteration's rollout fails "
+        "before its commit (nothing stored; the collect task's retry rolls it out again).")
     adapter_dir: str | None = Field(
         None, description="vllm_server: folder the trainer writes each LoRA adapter version to and the "
         "servers load it from, at the same path (a shared filesystem for remote servers). None: a "

@@ -155,8 +155,11 @@ class VLLMServerEngine:
     def _post(self, url: str, route: str, body: dict[str, Any]) -> httpx.Response:
         try:
             r = self._client.post(f"{url}{route}", json=body)
+        except httpx.ConnectTimeout as exc:
+            raise _Retryable(url, f"timed out connecting ({type(exc).__name__}) on {route}", transport=True) from exc
         except httpx.TimeoutException as exc:
-            raise _Retryable(url, f"timed out ({type(exc).__name__}) on {route}", transport=True) from exc
+            # slow, not known dead (a loaded server): retried, but the server stays in rotation
+            raise _Retryable(url, f"timed out ({type(exc).__name__}) on {route}") from exc
         except httpx.TransportError as exc:
             raise _Retryable(url, f"{type(exc).__name__}: {exc} on {route}", transport=True) from exc
         if r.status_code >= 500:
