@@ -43,7 +43,7 @@ def hd32_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(hd32_path, tmp_path_factory):
     srv = start_vllm_server(hd32_path, tmp_path_factory.mktemp("logs") / "vllm-serve.log", lora_rank=8,
-                            max_model_len=1024, kv_cache_gb=0.25)
+                            max_model_len=1024, kv_cache_gb=0.25, timeout_s=1800)
     print(f"\nvllm serve healthy after {srv.start_seconds:.1f} s (load {os.getloadavg()})", flush=True)
     yield srv
     srv.stop()
