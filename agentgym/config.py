@@ -138,7 +138,30 @@ class EnvSpec(_Strict):
 
 
 class RolloutConfig(_Strict):
-    engine: Literal["hf", "vllm"] = Field("hf", description="Inference engine for rollouts.")
+    engine: Literal["hf", "vllm", "vllm_server"] = Field(
+        "hf", description="Inference engine for rollouts. hf: transformers in this process; vllm: vLLM "
+        "in this process (.venv-vllm); vllm_server: remote `vllm serve` endpoints (rollout.servers), "
+        "weights synced as LoRA adapters (needs trainer.lora).")
+    servers: list[str] = Field(
+        default_factory=list,
+        description="vllm_server: base URLs of the `vllm serve` endpoints (http://host:port), all "
+        "serving model.name_or_path's weights; requests go to the live one with the fewest in flight. "
+        "Start each with `python -m agentgym.engines.vllm_server_launch MODEL_DIR --enable-lora "
+        "--max-lora-rank R ...` (see docs/scale-out.md) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.")
+    served_model: str | None = Field(
+        None, description="vllm_server: the model name the servers serve (vllm serve's "
+        "--served-model-name). None: the one base model they list under /v1/models (the same on all).")
+    server_timeout_s: float = Field(
+        300.0, gt=0, description="vllm_server: seconds one completion request may take before it "
+        "counts as failed (and is retried on another server).")
+    server_retries: int = Field(
+        2, ge=0, description="vllm_server: further tries of a request that timed out, could not connect "
+        "or got HTTP 5xx; when they are spent generate raises InfraError and the iteration's rollout fails "
+        "before its commit (nothing stored; the collect task's retry rolls it out again).")
+    adapter_dir: str | None = Field(
+        None, description="vllm_server: folder the trainer writes each LoRA adapter version to and the "
+        "servers load it from, at the same path (a shared filesystem for remote servers). None: a "
+        "private temp folder, right only for servers on this host.")
     tasks_per_iteration: int = Field(4, ge=1, description="Distinct tasks sampled per iteration.")
     group_size: int = Field(
         4, ge=1, description="Episodes per task (G); GRPO/RLOO baselines are computed within a group."
@@ -197,6 +220,23 @@ class RolloutConfig(_Strict):
         if self.constrain_actions and self.engine != "hf":
             raise ValueError("rollout.constrain_actions is implemented by the hf engine only; set "
                              "rollout.engine: hf or rollout.constrain_actions: false")
+        if self.engine == "vllm_server":
+            if not self.servers:
+                raise ValueError("rollout.engine=vllm_server needs rollout.servers, the base URLs of "
+                                 "the `vllm serve` endpoints, e.g. [http://127.0.0.1:8000]")
+            bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
+            if bad:
+                raise ValueError(f"rollout.servers {bad} are not http(s):// base URLs; write them as "
+                                 "http://host:port")
+            if self.adapter_dir and "://" in self.adapter_dir:
+                raise ValueError(
+                    f"rollout.adapter_dir={self.adapter_dir!r}: vLLM 0.32 loads LoRA adapters from a "
+                    "local path (or a Hugging Face Hub id) only, so the servers cannot read object "
+                    "storage; use a folder on a filesystem shared with the servers (e.g. an NFS or "
+                    "s3fs mount), or null for servers on this host")
+        elif self.servers:
+            raise ValueError(f"rollout.servers is set but rollout.engine={self.engine}; set "
+                             "rollout.engine: vllm_server or servers: []")
         return self
 
 
@@ -696,6 +736,8 @@ class PipelineConfig(_Strict):
         if self.heldout.enabled and not any(e.eval_tasks for e in self.envs):
             raise ValueError("heldout.enabled needs eval_tasks on at least one environment; list "
                              "held-out task ids in envs[].eval_tasks or set heldout.enabled: false")
+        if self.rollout.engine == "vllm_server":
+            self._check_vllm_server()
         if self.rollout.engine == "vllm":
             import importlib.util
 
@@ -706,6 +748,25 @@ class PipelineConfig(_Strict):
                     "rollout.engine: hf"
                 )
         return self
+
+    def _check_vllm_server(self) -> None:
+        lora = self.trainer.lora
+        if lora is None:
+            raise ValueError(
+                "rollout.engine=vllm_server syncs weights as LoRA adapters (POST /v1/load_lora_adapter): "
+                "set trainer.lora (e.g. {r: 8}); full fine-tuning has no working weight-reload route on "
+                "vLLM 0.32's CPU backend (docs/scale-out.md), use rollout.engine: vllm for it")
+        if lora.modules_to_save:
+            raise ValueError(
+                f"trainer.lora.modules_to_save={lora.modules_to_save}: vLLM LoRA adapters carry only "
+                "the low-rank matrices, so fully trained modules would not reach the servers; set "
+                "modules_to_save: [] with rollout.engine=vllm_server")
+        if self.sft.enabled or self.heldout.enabled:
+            which = "sft.enabled" if self.sft.enabled else "heldout.enabled"
+            raise ValueError(
+                f"{which} with rollout.engine=vllm_server: the servers serve the base model plus the "
+                "run's live adapter, not saved checkpoints (the SFT warm start and held-out evaluation "
+                f"load checkpoints); set {which}: false, or use rollout.engine: hf or vllm")
 
     @property
     def stages(self) -> list[StageSpec]:

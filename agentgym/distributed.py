@@ -362,6 +362,11 @@ class ResidentGroup:
         self._command("weights", on_stream=lambda m: got.append((m["name"], m["tensor"])))
         return iter(got)
 
+    def save_adapter(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir).resolve()
+        self._command("save_adapter", {"dir": str(out)})
+        return out
+
     def save_hf(self, out_dir: str | Path, tokenizer=None) -> Path:
         out = Path(out_dir)
         self._command("save_hf", {"dir": str(out.resolve())})

@@ -39,7 +39,7 @@ class RankServer:
             "init": self.init, "ping": lambda msg: {},
             "train": self.train, "train_from_store": self.train_from_store, "compute": self.compute,
             "weights": self.weights, "digest": self.digest,
-            "save_hf": self.save_hf, "save_checkpoint": self.save_checkpoint,
+            "save_hf": self.save_hf, "save_adapter": self.save_adapter, "save_checkpoint": self.save_checkpoint,
             "load_checkpoint": self.load_checkpoint,
         }
 
@@ -85,6 +85,10 @@ class RankServer:
 
     def save_hf(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.trainer.save_hf(msg["dir"], None)
+        return {}
+
+    def save_adapter(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.trainer.save_adapter(msg["dir"])
         return {}
 
     def save_checkpoint(self, msg: dict[str, Any]) -> dict[str, Any]:

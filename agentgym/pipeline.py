@@ -23,7 +23,7 @@ import torch
 from agentgym import algorithms as A
 from agentgym.chat import ChatFormatter
 from agentgym.config import Estimator, PipelineConfig
-from agentgym.engines import create_engine
+from agentgym.engines import engine_for
 from agentgym.models import resolve_model
 from agentgym.rollout import EpisodeSpec, RolloutSettings, iter_episodes
 from agentgym.store import TrajectoryStore
@@ -185,7 +185,7 @@ class PolicySession:
         self.run_id = run_id
         self.base_model = resolve_model(cfg.model.name_or_path, cfg.model.cache_dir)
         self.weights = Path(weights) if weights else self.base_model
-        self.engine, self.tokenizer = create_engine(cfg.rollout.engine, self.weights, cfg.model.dtype)
+        self.engine, self.tokenizer = engine_for(cfg, self.weights)
         self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
         self._trainer: Trainer | None = None
@@ -432,7 +432,7 @@ class PolicySession:
         t_train = time.perf_counter()
         metrics = trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
         t_sync = time.perf_counter()
-        self.engine.update_weights(trainer.named_weights())
+        self.sync_weights()
         self.policy_version += 1
         end = time.perf_counter()
         metrics = {**metrics, "time/update_store_read_s": read_s,
@@ -441,6 +441,14 @@ class PolicySession:
         return {"updated": True, "update_seconds": end - t0,
                 "skipped_episodes": float(skipped), "train_episodes": float(len(rows)),
                 "policy_version": self.policy_version, **metrics}
+
+    def sync_weights(self) -> None:
+        """Hand the trainer's current policy to the inference engine: merged full weights, or
+        (vllm_server) the LoRA adapter, which the engine's servers load from a shared folder."""
+        if getattr(self.engine, "syncs_adapters", False):
+            self.engine.update_adapter(self.trainer.save_adapter)
+        else:
+            self.engine.update_weights(self.trainer.named_weights())
 
     def close(self) -> None:
         """Release the trainer (a resident group's ranks stop) and the inference engine."""

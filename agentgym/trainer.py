@@ -39,6 +39,9 @@ class Trainer(Protocol):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full policy weights under the base model's names (LoRA merged), for weight sync."""
 
+    def save_adapter(self, out_dir: str | Path) -> Path:
+        """Write the LoRA adapter (peft format) alone: the vllm_server engine's weight sync."""
+
     def save_hf(self, out_dir: str | Path, tokenizer: Any = None) -> Path:
         """Export the policy (and critic) as an HF folder."""
 

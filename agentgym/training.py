@@ -578,6 +578,24 @@ class PolicyTrainer:
                 t = p.detach().clone() if self.zero3 else p.detach()
             yield name.replace(".base_layer.", ".").replace(".modules_to_save.default.", "."), t
 
+    def save_adapter(self, out_dir: str | Path) -> Path:
+        """Write the LoRA adapter alone in peft's ``save_pretrained`` format (adapter_config.json,
+        adapter_model.safetensors), the form vLLM's ``/v1/load_lora_adapter`` reads. Under ZeRO-3
+        every rank must call this (the adapter weights are gathered); only rank 0 writes."""
+        if not self.lora:
+            raise RuntimeError("save_adapter needs LoRA training (trainer.lora)")
+        out = Path(out_dir)
+        with disk_errors("the LoRA adapter", out, _NO_SPACE_FIX):
+            params = [(n, p) for n, p in self.module.named_parameters() if ".lora_" in n]
+            state = None
+            if self.zero3:
+                with self._gathered([p for _, p in params]):
+                    state = {n: p.detach().clone() for n, p in params}
+            if self.rank == 0:
+                out.mkdir(parents=True, exist_ok=True)
+                self.module.save_pretrained(out, state_dict=state, safe_serialization=True)
+        return out
+
     def save_hf(self, out_dir: str | Path, tokenizer: PreTrainedTokenizerBase | None) -> Path:
         """Export the policy as an HF folder (merged weights with LoRA). Under ZeRO-3 every rank
         must call this (the weights are gathered); only rank 0 writes. ``tokenizer`` None: the

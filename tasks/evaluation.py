@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
-from agentgym.engines import create_engine
+from agentgym.engines import engine_for
 from agentgym.engines.base import InferenceEngine
 from agentgym.evaluation import EvalReport, eval_targets, evaluate
 from agentgym.registry import materialize
@@ -148,7 +148,7 @@ def evaluate_model(config: PipelineConfig, model: str, settings: EvalSettings = 
         return {**out, **empty}
     t0 = time.perf_counter()
     local_path = materialize(model, config.tracking.tracking_uri, config.model.cache_dir)
-    engine, tokenizer = create_engine(config.rollout.engine, local_path, config.model.dtype)
+    engine, tokenizer = engine_for(config, local_path)
     try:
         reports = _reports(engine, ChatFormatter(tokenizer, config.rollout.response_prefix), config, settings)
     finally:

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from agentgym import progress
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
-from agentgym.engines import create_engine
+from agentgym.engines import engine_for
 from agentgym.evaluation import EvalReport, evaluate
 from agentgym.heldout import RANDOM, comparison_table, heldout_horizon, random_valid_report
 from agentgym.registry import materialize
@@ -65,7 +65,7 @@ def heldout_policy(config: PipelineConfig, parent_mlflow_id: str, label: str, mo
     h = config.heldout
     t0 = time.perf_counter()
     path = materialize(model, config.tracking.tracking_uri, config.model.cache_dir)
-    engine, tokenizer = create_engine(config.rollout.engine, path, config.model.dtype)
+    engine, tokenizer = engine_for(config, path)
     formatter = ChatFormatter(tokenizer, config.rollout.response_prefix)
     horizon = heldout_horizon(config)
     try:

@@ -1,10 +1,15 @@
-"""Inference engines: ``hf`` (transformers, CPU default) and ``vllm``."""
+"""Inference engines: ``hf`` (transformers, CPU default), ``vllm`` (in-process) and
+``vllm_server`` (remote ``vllm serve`` endpoints over HTTP)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentgym.engines.base import InferenceEngine, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    from agentgym.config import PipelineConfig
 
 
 def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16", **kwargs) -> tuple[InferenceEngine, object]:
@@ -24,7 +29,34 @@ def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16", **
 
         engine = VLLMEngine(model_path, dtype=dtype, **kwargs)
         return engine, engine.tokenizer
-    raise ValueError(f"unknown engine {kind!r}; use 'hf' or 'vllm'")
+    if kind == "vllm_server":
+        from agentgym.engines.vllm_server import VLLMServerEngine
+
+        engine = VLLMServerEngine(model_path, **kwargs)
+        return engine, engine.tokenizer
+    raise ValueError(f"unknown engine {kind!r}; use 'hf', 'vllm' or 'vllm_server'")
 
 
-__all__ = ["InferenceEngine", "Sample", "SamplingParams", "create_engine"]
+def engine_for(cfg: "PipelineConfig", model_path: str | Path) -> tuple[InferenceEngine, object]:
+    """The rollout engine ``cfg.rollout`` asks for, over the HF folder ``model_path``.
+
+    vllm_server: the servers serve the base model (``model.name_or_path``), so ``model_path``
+    must be that folder; a checkpoint (a resume, an evaluation of saved weights) cannot be
+    served without restarting the servers on it, which this engine does not do."""
+    r = cfg.rollout
+    if r.engine != "vllm_server":
+        return create_engine(r.engine, model_path, cfg.model.dtype)
+    from agentgym.models import resolve_model
+
+    base = Path(resolve_model(cfg.model.name_or_path, cfg.model.cache_dir)).resolve()
+    if Path(model_path).resolve() != base:
+        raise ValueError(
+            f"rollout.engine=vllm_server serves the base model {base} plus the run's live LoRA adapter, "
+            f"not the saved weights {model_path} (a resumed run or an evaluation of a checkpoint); start "
+            "the run afresh with a new run_id, or use rollout.engine: hf or vllm for it")
+    return create_engine("vllm_server", model_path, cfg.model.dtype, servers=list(r.servers),
+                         served_model=r.served_model, timeout_s=r.server_timeout_s,
+                         retries=r.server_retries, adapter_dir=r.adapter_dir)
+
+
+__all__ = ["InferenceEngine", "Sample", "SamplingParams", "create_engine", "engine_for"]

@@ -73,6 +73,7 @@ import torch
 
 from agentgym import tempdirs
 from agentgym.engines.base import Sample, SamplingParams, check_prompts
+from agentgym.engines.vllm_rules import Piece, generate_with_stop_rule
 
 # vLLM reads these when it is imported / the engine is built; set before either (overridable).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -85,7 +86,6 @@ log = logging.getLogger(__name__)
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_SEED_MASK = (1 << 31) - 1
 
 _PATCH_STATE: dict[str, bool] = {}
 
@@ -373,37 +373,16 @@ class VLLMEngine:
             pass
 
     # -- generation --------------------------------------------------------------------------
-    def _request_params(self, params: SamplingParams, row: int, max_tokens: int, salt: int = 0):
+    def _request_params(self, fields: dict[str, Any], params: SamplingParams):
+        """vLLM ``SamplingParams`` from the shared request fields (``vllm_rules``)."""
         from vllm import SamplingParams as VSP
 
-        kw: dict[str, Any] = dict(
-            n=1,
-            max_tokens=max_tokens,
-            seed=(int(params.seed) * 1_000_003 + row * 7_919 + salt * 104_729) & _SEED_MASK,
-            stop_token_ids=list(params.stop_token_ids),
-            stop=list(params.stop_strings) or None,
-            include_stop_str_in_output=True,
-            ignore_eos=True,  # only the caller's stop ids end a reply (as in the HF engine)
-            logprobs=0,  # the sampled token's log-prob only
-            detokenize=bool(params.stop_strings),  # text is needed for stop strings only
-            skip_special_tokens=True,
-        )
-        if params.greedy:
-            if abs(params.temperature - 1.0) < 1e-12:
-                kw.update(temperature=0.0)
-            else:  # argmax, but with log_softmax(logits / T) as its log-probs
-                kw.update(temperature=float(params.temperature), top_k=1, top_p=1.0)
-        else:
-            if params.top_p < 1.0 and not (self.sampler_patch.get("v1") or self.sampler_patch.get("v2")):
-                warnings.warn("vLLM sampler not patched: with top_p < 1 the log-probs are those of "
-                              "the truncated distribution", stacklevel=3)
-            kw.update(temperature=float(params.temperature), top_p=float(params.top_p))
+        if not params.greedy and params.top_p < 1.0 and not (self.sampler_patch.get("v1") or self.sampler_patch.get("v2")):
+            warnings.warn("vLLM sampler not patched: with top_p < 1 the log-probs are those of "
+                          "the truncated distribution", stacklevel=4)
+        kw = dict(fields, stop=fields["stop"] or None,
+                  detokenize=bool(params.stop_strings))  # text is needed for stop strings only
         return VSP(**kw)
-
-    def _stop_counts(self, ids: list[int], stops: list[str]) -> bool:
-        """The HF engine's rule: a stop string counts once the reply has non-blank text."""
-        body = self.tokenizer.decode(ids, skip_special_tokens=True).lstrip()
-        return any(s in body for s in stops)
 
     def _run(self, prompts: list[list[int]], sps: list) -> list:
         from vllm.inputs import TokensPrompt
@@ -439,33 +418,18 @@ class VLLMEngine:
         check_prompts(prompts, cache_keys)
         if self.llm is None:
             raise RuntimeError("generate: the engine is closed")
-        n = len(prompts)
-        ids: list[list[int]] = [[] for _ in range(n)]
-        lps: list[list[float]] = [[] for _ in range(n)]
-        reasons: list[str] = ["length"] * n
-        todo = list(range(n)) if params.max_new_tokens > 0 else []
-        salt = 0
-        while todo:
-            sps = [self._request_params(params, i, params.max_new_tokens - len(ids[i]), salt) for i in todo]
-            outs = self._run([prompts[i] + ids[i] for i in todo], sps)
-            again: list[int] = []
-            for i, out in zip(todo, outs):
+
+        def run(batch: list[list[int]], fields: list[dict[str, Any]]) -> list[Piece]:
+            outs = self._run(batch, [self._request_params(f, params) for f in fields])
+            pieces = []
+            for out in outs:
                 c = out.outputs[0]
-                ids[i].extend(int(t) for t in c.token_ids)
-                lps[i].extend(self._token_logprobs(c))
-                if c.finish_reason != "stop":
-                    reasons[i] = "length"
-                    continue
-                reasons[i] = "stop"
-                # vLLM stopped on a stop string that lies in the reply's leading whitespace:
-                # the HF engine would go on, so continue this reply (prefix cache: cheap).
-                if (isinstance(c.stop_reason, str) and len(ids[i]) < params.max_new_tokens
-                        and not self._stop_counts(ids[i], params.stop_strings)):
-                    reasons[i] = "length"
-                    again.append(i)
-            todo, salt = again, salt + 1
-        self.generated_tokens += sum(len(x) for x in ids)
-        return [Sample(ids[i], lps[i], reasons[i]) for i in range(n)]  # type: ignore[arg-type]
+                pieces.append(Piece(list(c.token_ids), self._token_logprobs(c), c.finish_reason, c.stop_reason))
+            return pieces
+
+        samples = generate_with_stop_rule(prompts, params, self.tokenizer, run)
+        self.generated_tokens += sum(len(x.token_ids) for x in samples)
+        return samples
 
     # -- weights -----------------------------------------------------------------------------
     @staticmethod
