@@ -37,3 +37,12 @@ def stage_run(tmp: Path, artifact_location: str | None = None, run_id: str = "ck
     tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "reliability", artifact_location=artifact_location)
     parent = tracker.pipeline_run(run_id, {"run_id": run_id})
     return tracker, tracker.stage_run(parent, run_id, 0, horizon=1, iterations=3)
+
+
+def run_child(ctx, target, *args, timeout: float = 120) -> int:
+    """Run ``target(*args)`` in a child of fork server ``ctx``; its exit code (-9: killed)."""
+    p = ctx.Process(target=target, args=args)
+    p.start()
+    p.join(timeout=timeout)
+    assert p.exitcode is not None, f"the checkpoint child {target.__name__} hung"
+    return p.exitcode

@@ -3,6 +3,7 @@ sit beside them and are imported by name (this folder is on sys.path, as pytest 
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import sys
 from pathlib import Path
@@ -28,3 +29,12 @@ def mlflow_dir(tmp_path, _mlflow_template) -> Path:
     """``tmp_path`` holding a ready ``mlflow.db`` (``checkpoints.stage_run`` uses it)."""
     shutil.copy(_mlflow_template, tmp_path / "mlflow.db")
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def fork():
+    """A fork server that imported MLflow, torch and transformers once: each checkpoint child
+    (``ckpt_child``) starts in milliseconds instead of re-importing them."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["ckpt_child", "agentgym.tracking", "transformers"])
+    return ctx

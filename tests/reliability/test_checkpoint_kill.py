@@ -8,7 +8,6 @@ The children are forked from a fork server that imported MLflow, torch and trans
 
 from __future__ import annotations
 
-import multiprocessing
 import re
 import signal
 
@@ -19,24 +18,15 @@ from transformers import AutoModelForCausalLM
 import ckpt_child
 from agentgym.registry import materialize
 from agentgym.tracking import TAG_CKPT, TAG_CKPT_STEP, Tracker
+import checkpoints
 from checkpoints import same_weights, variant, weights
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard (shared machines run it far slower)
 
 
-@pytest.fixture(scope="module")
-def fork():
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["ckpt_child", "agentgym.tracking", "transformers"])
-    return ctx
-
 
 def run_child(ctx, *args) -> int:
-    p = ctx.Process(target=ckpt_child.log_checkpoints, args=args)
-    p.start()
-    p.join(timeout=120)
-    assert p.exitcode is not None, "the checkpoint child hung"
-    return p.exitcode
+    return checkpoints.run_child(ctx, ckpt_child.log_checkpoints, *args, timeout=120)
 
 
 def resumed(tracker: Tracker, tmp_path):

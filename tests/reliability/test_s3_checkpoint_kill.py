@@ -6,7 +6,6 @@ step 2's exact weights; a re-run uploads step 3 over the partial prefix and resu
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 import uuid
 
@@ -17,16 +16,11 @@ from transformers import AutoModelForCausalLM
 import ckpt_child
 from agentgym.registry import materialize
 from agentgym.tracking import Tracker
+import checkpoints
 from checkpoints import same_weights, variant, weights
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard (shared machines run it far slower)
 
-
-@pytest.fixture(scope="module")
-def fork():
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["ckpt_child", "agentgym.tracking", "transformers"])
-    return ctx
 
 
 @pytest.fixture
@@ -40,11 +34,7 @@ def s3(s3_server, monkeypatch):
 
 
 def run_child(ctx, *args) -> int:
-    p = ctx.Process(target=ckpt_child.log_s3_checkpoints, args=args)
-    p.start()
-    p.join(timeout=180)
-    assert p.exitcode is not None, "the checkpoint child hung"
-    return p.exitcode
+    return checkpoints.run_child(ctx, ckpt_child.log_s3_checkpoints, *args, timeout=180)
 
 
 def objects(s3, prefix: str) -> dict[str, int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import filecmp
-import multiprocessing
 import signal
 from pathlib import Path
 
@@ -20,25 +19,16 @@ from transformers import AutoModelForCausalLM
 import ckpt_child
 from agentgym.registry import materialize
 from agentgym.tracking import TAG_SFT_EPOCH
+import checkpoints
 from checkpoints import same_weights, variant, weights
 from diskfull import fill, tmpfs
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard (shared machines run it far slower)
 
 
-@pytest.fixture(scope="module")
-def fork():
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["ckpt_child", "agentgym.tracking", "transformers"])
-    return ctx
-
 
 def run_child(ctx, *args) -> int:
-    p = ctx.Process(target=ckpt_child.log_sft_epochs, args=args)
-    p.start()
-    p.join(timeout=120)
-    assert p.exitcode is not None, "the SFT checkpoint child hung"
-    return p.exitcode
+    return checkpoints.run_child(ctx, ckpt_child.log_sft_epochs, *args, timeout=120)
 
 
 def resumed(db_dir: Path) -> tuple[int, Path]:
