@@ -54,6 +54,16 @@ class Row:
                 "met": self.met, "unit": self.unit}
 
 
+def set_preimport_env(threads: int) -> None:
+    """What a bench sets before torch / vllm are imported: ``threads`` OpenMP threads, vLLM in
+    this process, no core pinning, quiet logs (a value already in the environment wins)."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def _num(v: float | None) -> str:
     if v is None:
         return "-"

@@ -24,6 +24,8 @@ import os
 import sys
 import time
 
+import benchlib
+
 
 def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -39,12 +41,7 @@ def _parse() -> argparse.Namespace:
 
 
 ARGS = _parse()
-# Before torch / vllm are imported: thread counts, in-process vLLM, no core pinning, quiet.
-os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+benchlib.set_preimport_env(ARGS.threads)  # before torch / vllm are imported
 
 import torch  # noqa: E402
 

@@ -57,11 +57,7 @@ def _parse() -> argparse.Namespace:
 
 
 ARGS = _parse()
-os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+benchlib.set_preimport_env(ARGS.threads)
 
 import torch  # noqa: E402
 

@@ -32,16 +32,11 @@ import torch  # noqa: E402
 
 from agentgym.engines import SamplingParams, create_engine  # noqa: E402
 from agentgym.engines.hf import HFEngine  # noqa: E402
-from agentgym.models import build_tiny_model, load_model  # noqa: E402
+from agentgym.models import load_model  # noqa: E402
 
 ATOL = 1e-4
 TEXTS = ["go to the red ball", "craft", "pick up the key and open the door now",
          "Thought: I should go.\n", "hello\n\n", "Action: "]
-
-
-@pytest.fixture(scope="module")
-def hd32_path(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-hd32", hidden_size=64, heads=2, kv_heads=1)
 
 
 @pytest.fixture(scope="module")
