@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from agentgym.engines.base import Sample, SamplingParams, check_prompts
 
@@ -74,22 +75,83 @@ def _row_kv(cache: DynamicCache, row: int, attn_row: torch.Tensor) -> list[tuple
     return [(layer.keys[row][:, valid], layer.values[row][:, valid]) for layer in cache.layers]
 
 
+class ReservedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys/values live at the front of a buffer with spare room: a
+    decode step writes its token's keys/values into the room instead of ``torch.cat``-ing them
+    onto the whole cache. ``DynamicLayer`` copies every layer's entire cache at every generated
+    token, O(context) per token: on a 20-turn conversation that copy, not the model, was most of
+    a decode step. ``keys`` / ``values`` are views of the filled part (what attention reads);
+    the buffer grows by ``reserve`` more tokens (one copy) when full, and a batch selection
+    (rows leaving the batch) copies the buffer once."""
+
+    def __init__(self, reserve: int, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
+                 length: int = 0):
+        super().__init__()
+        self.reserve = max(1, int(reserve))
+        self._k, self._v, self._len = keys, values, length
+        if keys is not None:
+            self.device, self.is_initialized = keys.device, True
+            self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.is_initialized = key_states.device, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        if self._k is None or self._len + new > self._k.shape[-2]:
+            cap = self._len + new + self.reserve
+            k = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
+            if self._len:
+                k[:, :, : self._len], v[:, :, : self._len] = self.keys, self.values
+            self._k, self._v = k, v
+        self._k[:, :, self._len : self._len + new] = key_states
+        self._v[:, :, self._len : self._len + new] = value_states
+        self._len += new
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._len
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._len:
+            self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+            self._views()
+
+
+def reserved_cache(data: list[tuple[torch.Tensor, torch.Tensor, int]] | None, reserve: int) -> DynamicCache:
+    """A ``DynamicCache`` of ``ReservedLayer``s: one per ``(keys buffer, values buffer, filled
+    length)`` of ``data``, or empty layers made on first use."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = lambda: ReservedLayer(reserve)
+    cache.layers = [ReservedLayer(reserve, k, v, n) for k, v, n in data or []]
+    return cache
+
+
 def _right_aligned(rows: list[list[tuple[torch.Tensor, torch.Tensor]] | None], width: int,
-                   device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the (rows, kv_heads, width, head_dim) keys and values of a batch cache: each
-    row's keys/values at the right end, zeros (masked pads) before them; a ``None`` row is all
-    pads. ``rows[i]`` is a per-layer list of (kv_heads, length_i, head_dim) pairs."""
+                   device: torch.device, reserve: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Per layer, the keys and values buffers of a batch cache, (rows, kv_heads, width +
+    ``reserve``, head_dim), and their filled width: each row's keys/values end at ``width``,
+    zeros (masked pads) before them, ``reserve`` free positions after (``ReservedLayer``); a
+    ``None`` row is all pads. ``rows[i]`` is a per-layer list of (kv_heads, length_i, head_dim)
+    pairs."""
     ref = next(r for r in rows if r is not None)
     out = []
     for layer, (rk, rv) in enumerate(ref):
-        k = rk.new_zeros((len(rows), rk.shape[0], width, rk.shape[-1]))
-        v = rv.new_zeros((len(rows), rv.shape[0], width, rv.shape[-1]))
+        k = rk.new_zeros((len(rows), rk.shape[0], width + reserve, rk.shape[-1]), device=device)
+        v = rv.new_zeros((len(rows), rv.shape[0], width + reserve, rv.shape[-1]), device=device)
         for i, r in enumerate(rows):
             if r is not None:
                 length = r[layer][0].shape[1]
-                k[i, :, width - length:] = r[layer][0]
-                v[i, :, width - length:] = r[layer][1]
-        out.append((k.to(device), v.to(device)))
+                k[i, :, width - length : width] = r[layer][0]
+                v[i, :, width - length : width] = r[layer][1]
+        out.append((k, v, width))
     return out
 
 
@@ -154,13 +216,14 @@ class HFEngine:
                          logits_to_keep=1, **{self._cache_kw: cache})
         return out.logits[:, -1, :].float()
 
-    def _prefill(self, prompts: list[list[int]], keys: list[str] | None):
+    def _prefill(self, prompts: list[list[int]], keys: list[str] | None, reserve: int = 0):
         """Build the batch's cache and return (logits of the last prompt token, cache, attn, next_pos).
 
         Rows are prefilled in groups of similar new-token length (``length_groups``): one padded
         forward over a whole batch computed up to 2x the real tokens on multi-turn rollouts
         (observations of 100-380 tokens padded to the longest). The groups' keys/values are then
-        laid out in one cache, ``[pad][cached prefix][new]`` per row, for the decode steps.
+        laid out in one cache, ``[pad][cached prefix][new]`` per row, for the decode steps, with
+        room for ``reserve`` more tokens (``ReservedLayer``: decode steps write in place).
         """
         n = len(prompts)
         reuse = [0] * n
@@ -174,13 +237,13 @@ class HFEngine:
         self.prefilled_tokens += sum(len(x) for x in new)
         groups = length_groups([len(x) for x in new], self.max_padding)
         if len(groups) == 1:
-            return self._prefill_rows(new, reuse, hits)
+            return self._prefill_rows(new, reuse, hits, reserve)
         device = self.device
         logits = None
         rows_kv: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = [None] * n
         for g in groups:
             lg, cache, attn, _ = self._prefill_rows([new[i] for i in g], [reuse[i] for i in g],
-                                                    [hits[i] for i in g])
+                                                    [hits[i] for i in g], 0)
             if logits is None:
                 logits = lg.new_empty((n, lg.shape[-1]))
             logits[torch.tensor(g, device=lg.device)] = lg
@@ -188,16 +251,17 @@ class HFEngine:
                 rows_kv[i] = _row_kv(cache, j, attn[j])
         total = [c + len(x) for c, x in zip(reuse, new)]
         width = max(total)
-        data = _right_aligned(rows_kv, width, device)
+        data = _right_aligned(rows_kv, width, device, reserve)
         attn = torch.zeros((n, width), dtype=torch.long)
         for i, t in enumerate(total):
             attn[i, width - t:] = 1
         next_pos = torch.tensor(total)[:, None]
-        return logits, DynamicCache(ddp_cache_data=data), attn.to(device), next_pos.to(device)
+        return logits, reserved_cache(data, reserve), attn.to(device), next_pos.to(device)
 
-    def _prefill_rows(self, new: list[list[int]], reuse: list[int], hits: list["_Prefix | None"]):
+    def _prefill_rows(self, new: list[list[int]], reuse: list[int], hits: list["_Prefix | None"], reserve: int):
         """One padded forward over ``new`` tokens after each row's cached prefix (``hits``,
-        ``reuse`` tokens long); returns (last logits, cache, attention mask, next positions)."""
+        ``reuse`` tokens long); returns (last logits, cache with room for ``reserve`` more tokens,
+        attention mask, next positions)."""
         device = self.device
         n = len(new)
         width_c = max(reuse)
@@ -209,10 +273,10 @@ class HFEngine:
             attn_n[i, width_n - len(x):] = 1
         pos = (attn_n.cumsum(-1) - 1).clamp(min=0) + torch.tensor(reuse)[:, None]
         attn_c = torch.zeros((n, width_c), dtype=torch.long)
-        cache = DynamicCache()
+        cache = reserved_cache(None, reserve)
         if width_c:
             prefixes = [h.kv if h is not None else None for h in hits]
-            cache = DynamicCache(ddp_cache_data=_right_aligned(prefixes, width_c, device))
+            cache = reserved_cache(_right_aligned(prefixes, width_c, device, width_n + reserve), reserve)
             for i, c in enumerate(reuse):
                 attn_c[i, width_c - c:] = 1
         attn = torch.cat([attn_c, attn_n], dim=-1).to(device)
@@ -249,7 +313,7 @@ class HFEngine:
         check_prompts(prompts, cache_keys)
         keys = cache_keys if self.keep_cache else None
         n = len(prompts)
-        logits, cache, attn, next_pos = self._prefill(prompts, keys)
+        logits, cache, attn, next_pos = self._prefill(prompts, keys, reserve=params.max_new_tokens)
         device = self.device
         gen = torch.Generator(device="cpu").manual_seed(int(params.seed))
         stop_ids = set(params.stop_token_ids)

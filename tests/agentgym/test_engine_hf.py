@@ -274,3 +274,34 @@ def test_choice_reuses_the_cache_when_the_caller_extends_its_prompt_in_place(tin
         for c, s in zip(convs, got):
             c.extend(s.token_ids + obs)
         last = got
+
+
+def test_reserved_layer_holds_what_a_dynamic_layer_holds_without_copying_per_token():
+    """``ReservedLayer`` (decode steps write into spare room) against transformers' own
+    ``DynamicLayer`` (``torch.cat`` per step) over prefill, decode steps past the reserve, and a
+    batch selection; within the reserve a step writes in place (same buffer)."""
+    from transformers.cache_utils import DynamicLayer
+
+    from agentgym.engines.hf import ReservedLayer
+
+    g = torch.Generator().manual_seed(0)
+    kv = lambda n, t: (torch.randn(2, 3, t, 4, generator=g), torch.randn(2, 3, t, 4, generator=g))  # noqa: E731
+    ref, ours = DynamicLayer(), ReservedLayer(reserve=3)
+    for t in [5, 1, 1]:  # prefill, then decode steps inside the reserve
+        k, v = kv(2, t)
+        ref.update(k, v)
+        ours.update(k, v)
+    buffer = ours._k.data_ptr()
+    k, v = kv(2, 1)
+    ref.update(k, v), ours.update(k, v)
+    assert ours._k.data_ptr() == buffer  # no copy of the cache for a token that fits
+    for _ in range(4):  # past the reserve: grows
+        k, v = kv(2, 1)
+        ref.update(k, v), ours.update(k, v)
+    assert torch.equal(ref.keys, ours.keys) and torch.equal(ref.values, ours.values)
+    assert ours.get_seq_length() == ref.get_seq_length() == 12
+    keep = torch.tensor([1])
+    ref.batch_select_indices(keep), ours.batch_select_indices(keep)
+    k, v = (x[:1] for x in kv(2, 1))
+    ref.update(k, v), ours.update(k, v)
+    assert torch.equal(ref.keys, ours.keys) and torch.equal(ref.values, ours.values)
