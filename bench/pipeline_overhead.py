@@ -3,10 +3,12 @@
     nice -n 19 .venv/bin/python bench/pipeline_overhead.py                  # quickstart, tiny model, ~2 min
     nice -n 19 .venv/bin/python bench/pipeline_overhead.py --model smollm2  # the quickstart's own model
     nice -n 19 .venv/bin/python bench/pipeline_overhead.py --iterations 4   # 2 stages x 4 iterations
+    nice -n 19 .venv/bin/python bench/pipeline_overhead.py --model smollm2 \
+        --config configs/ablation/textcraft.yaml --horizons 20 --iterations 3   # the learning issue's h20 scale
 
 Issue #10 item 3, target <= 5 % at quickstart scale. Runs the real ScalingInter-RL flow
 (``flows.train.scaling_inter_rl``: Prefect on a temporary local server, MLflow on a temporary
-SQLite file, the trajectory store on a temporary folder) with ``configs/quickstart.yaml``'s RL
+SQLite file, the trajectory store on a temporary folder) with ``configs/quickstart.yaml``'s (or ``--config``'s) RL
 part (BabyAI, 2 tasks x group 4, GRPO, constrained actions, two stages of horizon 3 and 5),
 SFT and the held-out table off, the tiny model by default.
 
@@ -53,6 +55,10 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny or smollm2 (the quickstart's)")
     ap.add_argument("--iterations", type=int, default=3, help="iterations per stage (quickstart: 2)")
+    ap.add_argument("--config", default="configs/quickstart.yaml", help="the config whose RL part runs "
+                    "(SFT and the held-out table off)")
+    ap.add_argument("--horizons", type=int, nargs="+", default=[3, 5], help="one stage per horizon "
+                    "(quickstart: 3 5)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine a "
                     "second OpenMP thread spin-waits on a busy core, up to 50x slower; see bench/README.md)")
     ap.add_argument("--quick", action="store_true", help="keyword env, 2 stages x 2 iterations (smoke)")
@@ -87,13 +93,13 @@ def main() -> int:
     sets = [f"model.name_or_path={ARGS.model}", "sft.enabled=false", "heldout.enabled=false",
             f"store.root={tmp / 'store'}", f"tracking.tracking_uri=sqlite:///{tmp}/mlflow.db",
             "tracking.experiment=bench-pipeline-overhead", "tracking.log_model=false",
-            f"schedule.stages=[{{horizon: 3, iterations: {it}}}, {{horizon: 5, iterations: {it}}}]"]
+            "schedule.stages=[" + ", ".join(f"{{horizon: {h}, iterations: {it}}}" for h in ARGS.horizons) + "]"]
     if ARGS.model == "tiny":  # the tiny model has 2 layers: train them all, in fp32
         sets += ["trainer.train_layers=null", "model.dtype=float32"]
     if ARGS.quick:
         sets += ["envs=[{name: keyword, tasks: [0, 1, 2, 3], kwargs: {target: 'yes', mode: starts_with}}]",
                  "rollout.constrain_actions=false", "schedule.stages=[{horizon: 1, iterations: 2}, {horizon: 2, iterations: 2}]"]
-    cfg = load_config(ROOT / "configs" / "quickstart.yaml", sets)
+    cfg = load_config(ROOT / ARGS.config, sets)
 
     from flows.train import scaling_inter_rl
 
@@ -125,6 +131,7 @@ def main() -> int:
     for label, s in parts.items():
         print(f"{label:<40} {s:>8.2f} {s / wall_s:>7.1%}")
     print(f"{'iterations wall (measured)':<40} {wall_s:>8.2f}")
+    print(f"{'mean iteration wall':<40} {wall_s / max(1, len(measured)):>8.2f}")
     rows = [Row("overhead share of iteration wall", overhead, wall_s, target=("<=", 0.05), unit="s")]
     benchlib.print_table(rows, "overhead = wall - generation - forward/backward/step")
     benchlib.write_results("pipeline_overhead", rows, ARGS,
