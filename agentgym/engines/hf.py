@@ -155,6 +155,19 @@ def _right_aligned(rows: list[list[tuple[torch.Tensor, torch.Tensor]] | None], w
     return out
 
 
+def _distinct(keys: Iterable) -> tuple[list[int], list[int]]:
+    """(index of each distinct key's first occurrence, position in that list of every key)."""
+    first: dict = {}
+    uniq: list[int] = []
+    back: list[int] = []
+    for i, k in enumerate(keys):
+        if k not in first:
+            first[k] = len(uniq)
+            uniq.append(i)
+        back.append(first[k])
+    return uniq, back
+
+
 @dataclass
 class _Prefix:
     tokens: list[int]  # the ids whose keys/values are stored
@@ -217,6 +230,29 @@ class HFEngine:
         return out.logits[:, -1, :].float()
 
     def _prefill(self, prompts: list[list[int]], keys: list[str] | None, reserve: int = 0):
+        """Build the batch's cache and return (logits of the last prompt token, cache, attn,
+        next_pos), one row per prompt; identical prompts are computed once (``_prefill_unique``)
+        and their rows copied."""
+        logits, cache, attn, next_pos, back = self._prefill_unique(prompts, keys, reserve)
+        if len(back) == logits.shape[0]:
+            return logits, cache, attn, next_pos
+        idx = torch.tensor(back, device=logits.device)
+        cache.batch_select_indices(idx)
+        return logits[idx], cache, attn[idx], next_pos[idx]
+
+    def _prefill_unique(self, prompts: list[list[int]], keys: list[str] | None, reserve: int = 0):
+        """``_prefill`` of the distinct prompts only, and ``back``: the row of each prompt's copy.
+
+        A GRPO group's episodes start from the same prompt (same task, same seed), and with a
+        confident policy they often stay identical for turns: their prefill is one row's.
+        """
+        uniq, back = _distinct(tuple(p) for p in prompts)
+        if len(uniq) < len(prompts):
+            prompts = [prompts[i] for i in uniq]
+            keys = [keys[i] for i in uniq] if keys is not None else None
+        return (*self._prefill_distinct(prompts, keys, reserve), back)
+
+    def _prefill_distinct(self, prompts: list[list[int]], keys: list[str] | None, reserve: int = 0):
         """Build the batch's cache and return (logits of the last prompt token, cache, attn, next_pos).
 
         Rows are prefilled in groups of similar new-token length (``length_groups``): one padded
@@ -395,21 +431,29 @@ class HFEngine:
         if len(choices) != len(prompts) or any(not c or any(not ids for ids in c) for c in choices):
             raise ValueError("choose: every prompt needs a non-empty list of non-empty candidates")
         keys = cache_keys if self.keep_cache else None
-        logits, cache, attn, _ = self._prefill(prompts, keys)
+        logits, cache, attn, _, back = self._prefill_unique(prompts, keys)
         first = torch.log_softmax(logits / params.temperature, dim=-1)
         if keys is not None:  # the next turn's prompt extends this one (copied before scoring)
+            kept: dict[int, list] = {}
             for r in range(len(prompts)):
-                self._save(keys[r], prompts[r], _row_kv(cache, r, attn[r]))
-        all_lps = self._candidate_logprobs(cache, attn, first, choices, params.temperature)
+                u = back[r]
+                if u not in kept:
+                    kept[u] = _row_kv(cache, u, attn[u])
+                self._save(keys[r], prompts[r], kept[u])  # copies share tensors: never written in place
+        # rows with the same prompt and candidates (a group's copies) are scored once
+        scored, which = _distinct((back[r], tuple(map(tuple, choices[r]))) for r in range(len(prompts)))
+        all_lps = self._candidate_logprobs(cache, attn, first, [choices[r] for r in scored],
+                                           params.temperature, rows=[back[r] for r in scored])
         gen = torch.Generator(device="cpu").manual_seed(int(params.seed))
         out: list[Sample] = []
-        for cands, lps in zip(choices, all_lps):
+        for cands, k in zip(choices, which):
+            lps = all_lps[k]
             scores = torch.tensor([sum(x) for x in lps], dtype=torch.float64)
             if params.greedy:
                 pick = int(scores.argmax())
             else:
                 pick = int(torch.multinomial(torch.softmax(scores, 0), 1, generator=gen))
-            out.append(Sample(list(cands[pick]), lps[pick], "stop"))
+            out.append(Sample(list(cands[pick]), list(lps[pick]), "stop"))
         self.generated_tokens += sum(len(s.token_ids) for s in out)
         return out
 
@@ -418,11 +462,12 @@ class HFEngine:
     max_scoring_logits = 1 << 26
 
     def _candidate_logprobs(self, cache: DynamicCache, attn: torch.Tensor, first: torch.Tensor,
-                            choices: list[list[list[int]]], temperature: float) -> list[list[list[float]]]:
-        """Per row ``r`` and candidate of ``choices[r]``, the log-probs of its tokens after row
-        ``r``'s prompt, whose keys/values are row ``r`` of the batch ``cache`` (``attn`` marks its
-        real positions: ``(rows, width)`` as ``_prefill`` returns them) and whose next-token
-        log-probs are ``first[r]``.
+                            choices: list[list[list[int]]], temperature: float,
+                            rows: list[int] | None = None) -> list[list[list[float]]]:
+        """Per entry ``i`` and candidate of ``choices[i]``, the log-probs of its tokens after the
+        prompt of batch row ``r = rows[i]`` (default ``i``), whose keys/values are row ``r`` of
+        ``cache`` (``attn`` marks its real positions: ``(rows, width)`` as ``_prefill`` returns
+        them) and whose next-token log-probs are ``first[r]``.
 
         Each row's candidates are packed as a token tree (``candidate_tree``: a shared prefix such
         as " go to" is fed once) after its prompt, with a 4-D mask that lets each node see its
@@ -433,7 +478,8 @@ class HFEngine:
         actions in 6 nodes beside 16 in 55), then chunked under ``max_scoring_logits``.
         ``cache`` is not modified.
         """
-        out = [[[float(first[r, c[0]])] for c in cands] for r, cands in enumerate(choices)]
+        rows = list(range(len(choices))) if rows is None else rows
+        out = [[[float(first[rows[i], c[0]])] for c in cands] for i, cands in enumerate(choices)]
         trees = [candidate_tree(c) for c in choices]
         sizes = [len(tr[0]) for tr in trees]
         vocab = self.model.get_output_embeddings().weight.shape[0]
@@ -443,26 +489,27 @@ class HFEngine:
                 continue
             step = max(1, self.max_scoring_logits // (t_max * vocab))
             for a in range(0, len(group), step):
-                self._score_trees(cache, attn, trees, choices, group[a:a + step], t_max, temperature, out)
+                self._score_trees(cache, attn, trees, choices, group[a:a + step], rows, t_max, temperature, out)
         self.prefilled_tokens += sum(sizes)
         return out
 
     def _score_trees(self, cache: DynamicCache, attn: torch.Tensor, trees: list, choices: list[list[list[int]]],
-                     rows: list[int], t_max: int, temperature: float, out: list[list[list[float]]]) -> None:
-        """One forward over the candidate trees of batch rows ``rows`` (padded to ``t_max``
-        nodes) after their cached prompts; appends each candidate's later tokens' log-probs to
-        ``out``."""
-        n, width = len(rows), attn.shape[1]
+                     entries: list[int], rows: list[int], t_max: int, temperature: float,
+                     out: list[list[list[float]]]) -> None:
+        """One forward over the candidate trees of ``entries`` (each after the cached prompt of
+        batch row ``rows[entry]``, padded to ``t_max`` nodes); appends each candidate's later
+        tokens' log-probs to ``out[entry]``."""
+        n, width = len(entries), attn.shape[1]
         device = self.device
         dtype = next(self.model.parameters()).dtype
-        sel = torch.tensor(rows, device=attn.device)
+        sel = torch.tensor([rows[e] for e in entries], device=attn.device)
         lengths = attn[sel].sum(-1).tolist()
         ids = torch.full((n, t_max), self.pad_id, dtype=torch.long)
         pos = torch.zeros((n, t_max), dtype=torch.long)
         allowed = torch.zeros((n, t_max, width + t_max), dtype=torch.bool)
         allowed[:, :, :width] = attn[sel].bool().cpu()[:, None, :]
         allowed[:, torch.arange(t_max), width + torch.arange(t_max)] = True  # each node (pads too) sees itself
-        for i, r in enumerate(rows):
+        for i, r in enumerate(entries):
             tokens, parents, _ = trees[r]
             depth = [0] * len(tokens)
             for j, par in enumerate(parents):  # parents come before children: their rows are done
@@ -480,7 +527,7 @@ class HFEngine:
                             position_ids=pos.to(device), use_cache=True, logits_to_keep=0,
                             **{self._cache_kw: DynamicCache(ddp_cache_data=data)}).logits.float()
         logp = torch.log_softmax(logits / temperature, dim=-1).cpu()
-        for i, r in enumerate(rows):
+        for i, r in enumerate(entries):
             _, _, index = trees[r]
             for ci, c in enumerate(choices[r]):
                 for j in range(1, len(c)):

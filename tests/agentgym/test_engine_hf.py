@@ -305,3 +305,30 @@ def test_reserved_layer_holds_what_a_dynamic_layer_holds_without_copying_per_tok
     k, v = (x[:1] for x in kv(2, 1))
     ref.update(k, v), ours.update(k, v)
     assert torch.equal(ref.keys, ours.keys) and torch.equal(ref.values, ours.values)
+
+
+def test_identical_prompts_are_prefilled_and_scored_once(tiny_path):
+    """A GRPO group's copies share their prompt: prefill runs once per distinct prompt and the
+    candidate trees once per distinct (prompt, candidates); every row still gets what it would
+    get alone, and ``generate`` still samples each copy on its own."""
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    engine = HFEngine(model, tok)
+    p, cands = _prompts(engine), _candidates(engine)
+    prompts = [p[0], p[1], p[0], p[0]]
+    choices = [cands, cands, cands, cands[:2]]  # the last: same prompt, other candidates
+    params = SamplingParams(greedy=True)
+    got = engine.choose(prompts, choices, params)
+    for prompt, row_choices, sample in zip(prompts, choices, got):
+        alone = HFEngine(model, tok).choose([prompt], [row_choices], params)[0]
+        assert sample.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(sample.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+    nodes = lambda c: len(candidate_tree(c)[0])  # noqa: E731
+    assert engine.prefilled_tokens == len(p[0]) + len(p[1]) + 2 * nodes(cands) + nodes(cands[:2])
+
+    engine = HFEngine(model, tok)
+    samples = engine.generate([p[2]] * 4, SamplingParams(max_new_tokens=8, seed=3))
+    assert engine.prefilled_tokens == len(p[2])
+    assert len({tuple(s.token_ids) for s in samples}) > 1  # the copies sample independently
+    for s in samples:
+        assert torch.allclose(torch.tensor(s.logprobs), _full_logprobs(model, p[2], s.token_ids, 1.0), atol=1e-4)
