@@ -215,11 +215,12 @@ def token_logprobs(
 
 def _policy_forward(
     model: torch.nn.Module, batch: TrainBatch, temperature: float, with_entropy: bool,
-    value_head: torch.nn.Module | None = None, with_accuracy: bool = False,
+    value_head: torch.nn.Module | None = None, with_accuracy: bool = False, entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``token_logprobs`` plus, given a value head, the values (B, T) from the same hidden states,
     and with ``with_accuracy`` a (B, T) float tensor, 1 where the token is the policy's argmax
-    (0 at masked positions): the token accuracy of supervised fine-tuning."""
+    (0 at masked positions): the token accuracy of supervised fine-tuning. ``entropy_grad``
+    False: the entropy is a metric only (no graph kept for it)."""
     core = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     head = model.get_output_embeddings()
     hidden = core(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
@@ -234,7 +235,10 @@ def _policy_forward(
     out[:, 1:][target_mask] = lp
     ent = None
     if with_entropy:
-        ent_tok = A.entropy_from_logits(logits)
+        # from the log-probs at hand: one pass over the vocabulary instead of softmax + logsumexp
+        # (on the test model, whose LM head is most of its compute, the update's entropy cost 10 %)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent_tok = A.entropy_from_logprobs(logp_all)
         ent = torch.zeros_like(out)
         ent[:, 1:][target_mask] = ent_tok
     correct = None
@@ -259,10 +263,11 @@ class _LogprobModel(torch.nn.Module):
             self.value_head = value_head
 
     def forward(self, input_ids, attention_mask, loss_mask, temperature: float, with_entropy: bool,
-                with_values: bool = False, with_accuracy: bool = False):
+                with_values: bool = False, with_accuracy: bool = False, entropy_grad: bool = True):
         batch = TrainBatch(input_ids, attention_mask, loss_mask, loss_mask, loss_mask)
         lp, ent, values, correct = _policy_forward(self.policy, batch, temperature, with_entropy,
-                                                   self.value_head if with_values else None, with_accuracy)
+                                                   self.value_head if with_values else None, with_accuracy,
+                                                   entropy_grad)
         out = (lp, ent, values) if with_values else (lp, ent)
         return out + (correct,) if with_accuracy else out
 
@@ -781,7 +786,8 @@ class PolicyTrainer:
     def _micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         agg = {"loss_agg": self.algo.loss_agg, "norm_length": norm_length}
         shared = self.critic_mode == "shared"
-        out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True, shared)
+        out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True, shared,
+                          entropy_grad=bool(self.algo.entropy_coef))
         lp, ent = out[0], out[1]
         loss, m = A.policy_loss(
             lp, mb.old_logprobs, mb.advantages, mb.loss_mask,

@@ -17,6 +17,7 @@ from agentgym.algorithms import (
     broadcast_turns,
     compute_advantages,
     entropy_from_logits,
+    entropy_from_logprobs,
     explained_variance,
     gae_advantages,
     grpo_advantages,
@@ -594,6 +595,20 @@ def test_entropy_from_logits():
     torch.testing.assert_close(entropy_from_logits(logits), expected)
     peaked = torch.tensor([[[100.0, 0.0, 0.0]]], dtype=F64)
     assert entropy_from_logits(peaked).item() < 1e-30
+
+
+def test_entropy_from_logprobs_equals_it_from_the_logits():
+    """The trainer's one-pass form (from the log-probs it already has) against the closed form
+    (uniform: log V), torch's Categorical, and ``entropy_from_logits``."""
+    uniform = torch.log_softmax(torch.zeros(2, 3, 8, dtype=F64), -1)
+    torch.testing.assert_close(entropy_from_logprobs(uniform), torch.full((2, 3), math.log(8), dtype=F64))
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 4, 50, generator=g, dtype=F64) * 4
+    lp = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(entropy_from_logprobs(lp), entropy_from_logits(logits))
+    torch.testing.assert_close(entropy_from_logprobs(lp), torch.distributions.Categorical(logits=logits).entropy())
+    peaked = torch.log_softmax(torch.tensor([[[1000.0, 0.0, 0.0]]], dtype=F64), -1)
+    assert entropy_from_logprobs(peaked).item() == 0.0  # exp underflows to 0, never 0 * -inf = nan
 
 
 def test_aggregate_loss_modes_hand_computed():
