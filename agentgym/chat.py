@@ -94,7 +94,7 @@ class ChatFormatter:
         string or the token budget gets the whole suffix).
         """
         probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
-        closed = self._render(probe, False)
+        closed = self._closed_probe
         extended = self._render(probe + [{"role": "user", "content": observation}], True)
         if not extended.startswith(closed):
             raise ChatTemplateError(
@@ -107,6 +107,13 @@ class ChatFormatter:
             if suffix.startswith(eot):
                 suffix = suffix[len(eot):]
         return self._encode(suffix) + self._encode(extended[len(closed):] + self.response_prefix)
+
+    @cached_property
+    def _closed_probe(self) -> str:
+        """The probe conversation (a user turn and a reply) rendered closed: the part of every
+        ``glue`` rendering that comes before the new observation (rendered once, not per turn)."""
+        probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
+        return self._render(probe, False)
 
     def action_reply_ids(self, action: str, stop: list[str]) -> list[int]:
         """The token ids of the reply that says ``action``, as the policy is trained to write it.
