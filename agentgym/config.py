@@ -744,8 +744,9 @@ class PipelineConfig(_Strict):
             if importlib.util.find_spec("vllm") is None:
                 raise ValueError(
                     "rollout.engine=vllm needs the vllm package, which lives in its own environment: "
-                    "run `bash scripts/setup_vllm_env.sh` and use .venv-vllm/bin/agentgym, or set "
-                    "rollout.engine: hf"
+                    "run `bash scripts/setup_vllm_env.sh` (`agentgym train` then runs such a config "
+                    "there by itself; $AGENTGYM_VLLM_PYTHON names another interpreter with vllm), "
+                    "or set rollout.engine: hf"
                 )
         return self
 

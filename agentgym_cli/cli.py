@@ -39,8 +39,15 @@ def train(
     set_: list[str] = typer.Option([], "--set", help="Override a field: --set rollout.group_size=8"),
     run_id: Optional[str] = typer.Option(None, help="Run id; reuse one to resume it."),
 ) -> None:
-    """Run the ScalingInter-RL pipeline as a Prefect flow, with a progress bar and a summary."""
+    """Run the ScalingInter-RL pipeline as a Prefect flow, with a progress bar and a summary.
+    With `rollout.engine: vllm` and no vllm here, it runs in .venv-vllm (same arguments)."""
     quiet_env()
+    from agentgym_cli.vllm_env import reexec_in, vllm_env_python
+
+    python = vllm_env_python(config, set_)
+    if python:
+        console.print(f"rollout.engine=vllm: running in the vLLM environment ({python})", markup=False)
+        reexec_in(python, sys.argv[1:])
     from agentgym.config import ConfigError, load_config
 
     try:

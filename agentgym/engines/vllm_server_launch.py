@@ -36,9 +36,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def vllm_python() -> str:
-    """The interpreter that has vllm: this one if it does, else the repo's ``.venv-vllm``."""
+    """The interpreter that has vllm: ``$AGENTGYM_VLLM_PYTHON`` if set, this one if it has
+    vllm, else the repo's ``.venv-vllm``."""
     import importlib.util
 
+    if os.environ.get("AGENTGYM_VLLM_PYTHON"):
+        return os.environ["AGENTGYM_VLLM_PYTHON"]
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     candidate = REPO / ".venv-vllm" / "bin" / "python"
