@@ -94,6 +94,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from agentgym.diskspace import disk_errors
+from agentgym.store_refusals import refused_writes
 from agentgym.types import Episode, Turn
 
 __all__ = [
@@ -119,6 +120,9 @@ PARTITION_KEYS = ("stage", "iteration")
 # Hidden name of a shard written but not yet published (pandas/pyarrow skip "." and "_" names).
 STAGED_PREFIX = ".tmp-"
 _NO_SPACE_FIX = "free space on that disk or set store.root to another one, then re-run"
+_NOT_COMMITTED = "This iteration is not committed and earlier commits are intact."
+_TURNS_LATER = ("The iteration's episodes are committed (their manifest holds this turns manifest); "
+                "a re-run with the same run id writes it.")
 
 
 def _f(name: str, typ: pa.DataType, nullable: bool = False) -> pa.Field:
@@ -652,7 +656,8 @@ class TrajectoryStore:
         self._mkdirs(fs_dir)
         tmp = f"{fs_dir}/{STAGED_PREFIX}{part}.parquet"
         try:
-            with disk_errors(f"a {table} shard ({len(payload):,} bytes)", self._url(tmp), _NO_SPACE_FIX):
+            with (disk_errors(f"a {table} shard ({len(payload):,} bytes)", self._url(tmp), _NO_SPACE_FIX),
+                  refused_writes(f"a {table} shard ({len(payload):,} bytes)", self._url(tmp))):
                 self.fs.pipe_file(tmp, payload)
         except BaseException:
             self._delete_quietly([tmp])
@@ -663,7 +668,8 @@ class TrajectoryStore:
     def _publish(self, staged: StagedShard) -> None:
         """Rename a staged shard to its ``part-`` name (visible to raw readers from now on)."""
         try:
-            self.fs.mv(staged.tmp, self._abs(staged.rel))
+            with refused_writes("a staged shard (renamed by a copy)", self._url(self._abs(staged.rel))):
+                self.fs.mv(staged.tmp, self._abs(staged.rel))
         except BaseException:
             self._delete_quietly([staged.tmp])
             raise
@@ -712,7 +718,7 @@ class TrajectoryStore:
         )
         return existing
 
-    def _create_if_absent(self, path: str, payload: bytes) -> bool:
+    def _create_if_absent(self, path: str, payload: bytes, state: str = _NOT_COMMITTED) -> bool:
         parent = path.rsplit("/", 1)[0]
         self._mkdirs(parent)
         if self._local:
@@ -732,6 +738,10 @@ class TrajectoryStore:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+        with refused_writes("a commit manifest", self._url(path), state):
+            return self._create_object_if_absent(path, payload)
+
+    def _create_object_if_absent(self, path: str, payload: bytes) -> bool:
         # object stores: check, then exclusive create where the server supports it
         self._invalidate(path)
         if self.fs.exists(path):
@@ -778,13 +788,14 @@ class TrajectoryStore:
         turns_m = CommitManifest.from_dict(embedded)
         path = self._commit_path("turns", turns_m.stage, turns_m.iteration)
         payload = json.dumps(turns_m.to_dict(), indent=2, sort_keys=True).encode()
-        if self._create_if_absent(path, payload):
+        if self._create_if_absent(path, payload, _TURNS_LATER):
             return
         on_disk = self._read_manifest_file("turns", turns_m.stage, turns_m.iteration)
         if on_disk is None or on_disk.digest != turns_m.digest:
             # The episodes manifest is authoritative for the pair.
             log.warning("turns commit %s disagrees with its episodes commit; rewriting it", path)
-            self.fs.pipe_file(path, payload)
+            with refused_writes("a turns commit manifest", self._url(path), _TURNS_LATER):
+                self.fs.pipe_file(path, payload)
 
     def _gc_partition(self, m: CommitManifest) -> None:
         """Delete ``part-*`` shards in a decided partition that its manifest does not list."""

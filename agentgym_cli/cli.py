@@ -85,6 +85,7 @@ def train(
             bar["it"].update(1)
 
     progress.install(hook)
+    from agentgym.prefect_db import prefect_disk_error
     from agentgym.tracking import ResumeConflict
     from flows.train import new_run_id, scaling_inter_rl
 
@@ -102,6 +103,8 @@ def train(
             console.print(f"interrupted; resume from the latest checkpoint with:\n  {resume}",
                           soft_wrap=True, markup=False)
             raise typer.Exit(130) from None
+        # a full disk under Prefect's own database surfaces as a bare HTTP 500: name it
+        e = prefect_disk_error(e) or e
         console.print(f"run {cfg.run_id} failed: {type(e).__name__}: {e}", style="red", markup=False,
                       soft_wrap=True)
         if not isinstance(e, (ConfigError, ResumeConflict)):  # those fail again unchanged

