@@ -67,6 +67,7 @@ import httpx
 
 from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf8_safe
 from env_adapters.http_pool import ServerPool, pool_for
+from env_adapters.http_transport import new_client
 
 log = logging.getLogger(__name__)
 
@@ -313,8 +314,8 @@ class HTTPEnv(TextEnv):
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
         self._system_prompt = system_prompt
-        self._client: httpx.Client | None = httpx.Client(
-            timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0)))
+        # one client per env (its connection), sharing the process's SSL context (http_transport)
+        self._client: httpx.Client | None = new_client(self.timeout_s)
         self.env_id: int | None = None
         self._closed = False
 
