@@ -61,7 +61,7 @@ class RolloutSettings:
     top_p: float = 1.0
     greedy: bool = False
     stop: list[str] = field(default_factory=list)
-    env_workers: int = 16
+    env_workers: int = 64  # as RolloutConfig.env_workers
     seed: int = 0
     system_prompt: str | None = None
     # At most this many episodes play at once (0: all); bounds the rollout's memory (token
