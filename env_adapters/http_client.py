@@ -11,7 +11,8 @@ dialect       protocol (what the real server expects / returns)
 ============  =======================================================================
 agentgym      this project's server (``env_adapters.http_server``) and the generic form:
               ``POST /create`` -> ``{"id"}``; ``POST /reset {id, data_idx, seed}`` ->
-              ``{"observation", "info"}``; ``POST /step {id, action}`` ->
+              ``{"observation", "info", "system_prompt"?}`` (a ``system_prompt`` there
+              spares the ``GET /system_prompt``); ``POST /step {id, action}`` ->
               ``{"observation", "reward", "done", "terminated", "truncated", "info"}``;
               ``GET /observation?id=``; ``POST /close {id}``. The raw model reply is sent:
               the server-side adapter parses it.
@@ -413,6 +414,9 @@ class HTTPEnv(TextEnv):
             data = self._request("POST", "reset",
                                  json=self.dialect.reset_body(self.env_id, task_id, seed))
         obs, info = self.dialect.parse_reset(data)
+        prompt = data.get("system_prompt") if isinstance(data, dict) else None
+        if self._system_prompt is None and self.dialect.name == "agentgym" and isinstance(prompt, str):
+            self._system_prompt = prompt  # what GET /system_prompt?id= would answer, one request less
         info.setdefault("task_id", task_id)
         info.setdefault("seed", seed)
         info["env_id"] = self.env_id

@@ -4,7 +4,9 @@
 (``id`` may also be spelled ``env_idx``, the task index ``data_idx``/``idx``):
 
 * ``POST /create``                          -> ``{"id": int}``
-* ``POST /reset {id, data_idx, seed?}``     -> ``{"id", "observation", "reward": 0, "done": false, "info"}``
+* ``POST /reset {id, data_idx, seed?}``     -> ``{"id", "observation", "reward": 0, "done": false, "info",
+  "system_prompt"}`` (``system_prompt``: the instance's, as ``GET /system_prompt`` answers it, so
+  a client needs no request for it; left out where the adapter's ``system_prompt()`` fails)
 * ``POST /step {id, action}``               -> ``{"observation", "reward", "done", "terminated",
   "truncated", "info"}`` (``done = terminated or truncated``); ``action`` is the raw model reply,
   parsed by the adapter
@@ -365,8 +367,15 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
                 obs, info = slot.env.reset(task_id, seed)
                 slot.observation, slot.task_id, slot.seed = obs, task_id, seed
                 slot.steps, slot.done = 0, False
-                return {"id": env_id, "observation": obs, "reward": 0.0, "done": False,
-                        "info": _jsonable(info)}
+                out = {"id": env_id, "observation": obs, "reward": 0.0, "done": False,
+                       "info": _jsonable(info)}
+                try:  # saves HTTPEnv a GET /system_prompt per episode (one request of 4 + horizon)
+                    prompt = slot.env.system_prompt()
+                except Exception:  # noqa: BLE001 - GET /system_prompt reports it, if asked
+                    prompt = None
+                if isinstance(prompt, str):
+                    out["system_prompt"] = prompt
+                return out
 
         return await run_in_threadpool(run)
 
