@@ -16,7 +16,8 @@ the N episodes). Modes:
   ``HTTPEnv`` (``make_env("http", ...)``), as remote AgentGym environments are.
 
 ``rollout.env_workers`` (the thread pool's size) is set to N here (``--env-workers`` to fix
-it); the config's default (16) caps the speed-up at 16, shown in an extra row at the largest N.
+it); where the largest N exceeds the config's default (64), an extra row shows that N with the
+default, which caps the speed-up at the default.
 """
 
 from __future__ import annotations
