@@ -36,6 +36,7 @@ from typing import Any
 
 from agentgym.chat import ChatFormatter
 from agentgym.engines.base import InferenceEngine, SamplingParams
+from agentgym.env_threads import env_pool
 from agentgym.types import Episode, Turn
 from env_adapters.base import InfraError, StepResult, TextEnv
 
@@ -153,8 +154,9 @@ def _play(
     queue = deque(range(len(specs)))
     cap = settings.max_live or len(specs)
     live: list[_Live] = []
-    workers = max(1, min(settings.env_workers, cap, len(specs)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env") as pool:
+    # kept between rollouts (env_threads); it makes threads as calls need them, so never more
+    # than the live episodes
+    with env_pool(max(1, settings.env_workers)) as pool:
         try:
             call = 0
             while queue or live:
