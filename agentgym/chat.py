@@ -101,12 +101,7 @@ class ChatFormatter:
                 "chat template re-renders earlier turns when a turn is added; incremental "
                 "multi-turn tokenization is impossible with it"
             )
-        suffix = self.assistant_suffix
-        if reply_ended_turn:
-            eot = self.tokenizer.convert_ids_to_tokens(self.end_of_turn_ids[0])
-            if suffix.startswith(eot):
-                suffix = suffix[len(eot):]
-        return self._encode(suffix) + self._encode(extended[len(closed):] + self.response_prefix)
+        return self._suffix_ids[reply_ended_turn] + self._encode(extended[len(closed):] + self.response_prefix)
 
     @cached_property
     def _closed_probe(self) -> str:
@@ -114,6 +109,17 @@ class ChatFormatter:
         ``glue`` rendering that comes before the new observation (rendered once, not per turn)."""
         probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
         return self._render(probe, False)
+
+    @cached_property
+    def _suffix_ids(self) -> dict[bool, list[int]]:
+        """The ids that close an assistant turn, by ``reply_ended_turn`` (the whole assistant
+        suffix, or what follows the end-of-turn token the reply already ends with): encoded
+        once, not per episode per turn (the rollout glues every live episode every turn)."""
+        suffix = ended = self.assistant_suffix
+        eot = self.tokenizer.convert_ids_to_tokens(self.end_of_turn_ids[0])
+        if suffix.startswith(eot):
+            ended = suffix[len(eot):]
+        return {False: self._encode(suffix), True: self._encode(ended)}
 
     def action_reply_ids(self, action: str, stop: list[str]) -> list[int]:
         """The token ids of the reply that says ``action``, as the policy is trained to write it.

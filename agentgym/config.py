@@ -180,7 +180,16 @@ class RolloutConfig(_Strict):
     stop: list[str] = Field(
         default_factory=list, description="Stop strings; the reply ends after the first match."
     )
-    env_workers: int = Field(16, ge=1, description="Threads stepping environments concurrently.")
+    env_workers: int = Field(
+        64, ge=1,
+        description="Threads stepping environments concurrently: up to this many live episodes "
+        "step (and reset) at once, the rest wait for a thread. A thread waiting on an environment "
+        "(a simulator, an HTTP env server) costs no CPU, so it should cover the live episodes: with "
+        "16, 64 episodes of 50 ms steps (horizon 4, in-process) took 1.06-1.12 s, with 64 0.53 s "
+        "(2 cores at load 5.5; the loop and SleepEnv of bench/env_concurrency.py). Only "
+        "min(env_workers, live episodes) threads are made. "
+        "Lower it for environments that cannot take that many concurrent calls.",
+    )
     constrain_actions: bool = Field(
         False,
         description="Action-constrained decoding (as GLAM): where an environment lists its valid "

@@ -36,6 +36,7 @@ from typing import Any
 
 from agentgym.chat import ChatFormatter
 from agentgym.engines.base import InferenceEngine, SamplingParams
+from agentgym.env_threads import env_pool
 from agentgym.types import Episode, Turn
 from env_adapters.base import InfraError, StepResult, TextEnv
 
@@ -61,7 +62,7 @@ class RolloutSettings:
     top_p: float = 1.0
     greedy: bool = False
     stop: list[str] = field(default_factory=list)
-    env_workers: int = 16
+    env_workers: int = 64  # as RolloutConfig.env_workers
     seed: int = 0
     system_prompt: str | None = None
     # At most this many episodes play at once (0: all); bounds the rollout's memory (token
@@ -153,8 +154,9 @@ def _play(
     queue = deque(range(len(specs)))
     cap = settings.max_live or len(specs)
     live: list[_Live] = []
-    workers = max(1, min(settings.env_workers, cap, len(specs)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env") as pool:
+    # kept between rollouts (env_threads); it makes threads as calls need them, so never more
+    # than the live episodes
+    with env_pool(max(1, settings.env_workers)) as pool:
         try:
             call = 0
             while queue or live:

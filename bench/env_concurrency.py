@@ -15,8 +15,14 @@ the N episodes). Modes:
   (``env_adapters.http_server.serve`` in a child process, loopback), reached through
   ``HTTPEnv`` (``make_env("http", ...)``), as remote AgentGym environments are.
 
+CPU: each run also records the CPU time this process (the rollout, the HTTP client) and the
+env server process spent per episode (``runs[].cpu_ms_per_episode`` in the JSON, and on stderr):
+with C ms of CPU per episode on c cores, N episodes cannot take less than N * C / c, which bounds
+the speed-up at (one episode alone) / (C / c) however many episodes run at once.
+
 ``rollout.env_workers`` (the thread pool's size) is set to N here (``--env-workers`` to fix
-it); the config's default (16) caps the speed-up at 16, shown in an extra row at the largest N.
+it); where the largest N exceeds the config's default (64), an extra row shows that N with the
+default, which caps the speed-up at the default.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import psutil
 
 import benchlib
 from benchlib import Row
@@ -66,6 +74,12 @@ class Engine(benchlib.load_tests_module("scripted_engine").NoCacheEngine):
         from agentgym.engines.base import Sample
 
         return [Sample(list(self.reply), [-0.1] * len(self.reply), "stop") for _ in prompts]
+
+
+def _cpu_s(proc: "psutil.Process") -> float:
+    """User + system CPU seconds of ``proc``, all its threads."""
+    t = proc.cpu_times()
+    return t.user + t.system
 
 
 def _free_port() -> int:
@@ -116,13 +130,19 @@ def main() -> int:
             env, kwargs = "http", {"base_url": url, "env_name": "sleep"}
         else:
             env, kwargs = "sleep", {"latency_ms": args.latency_ms}
+        procs = {"client": psutil.Process()}
+        if server is not None:
+            procs["server"] = psutil.Process(server.pid)
+        cpu: dict[str, float] = {}  # CPU ms per episode of the last rollout, by process
         try:
             def rollout(n: int, workers: int) -> float:
                 specs = [EpisodeSpec(env, i, 0, f"g{i}", f"e{i}", dict(kwargs)) for i in range(n)]
                 settings = RolloutSettings(horizon=args.horizon, max_new_tokens=8, env_workers=workers)
+                c0 = {k: _cpu_s(p) for k, p in procs.items()}
                 t0 = time.perf_counter()
                 eps = run_episodes(engine, fmt, specs, settings, make_env)
                 dt = time.perf_counter() - t0
+                cpu.update({k: round(1e3 * (_cpu_s(p) - c0[k]) / n, 2) for k, p in procs.items()})
                 assert all(e.num_turns == args.horizon and not e.infra_error for e in eps), \
                     [e.error for e in eps if e.infra_error][:3]
                 return dt
@@ -130,11 +150,14 @@ def main() -> int:
             rollout(2, 2)  # warm-up: imports, thread pool, HTTP connections
             for n in args.sizes:
                 together = rollout(n, args.env_workers or n)
+                cpu_together = dict(cpu)
                 alone = sum(rollout(1, 1) for _ in range(n))
-                runs.append({"mode": mode, "n": n, "together_s": together, "one_by_one_s": alone})
+                runs.append({"mode": mode, "n": n, "together_s": together, "one_by_one_s": alone,
+                             "cpu_ms_per_episode": cpu_together})
                 rows.append(Row(f"{mode} N={n} speed-up", alone / together, n, target=(">=", 0.8),
                                 unit="x vs ideal N"))
-                print(f"[{mode} N={n}] together {together:.2f}s, one by one {alone:.2f}s", file=sys.stderr, flush=True)
+                print(f"[{mode} N={n}] together {together:.2f}s, one by one {alone:.2f}s; CPU per episode "
+                      f"together: {cpu_together} ms", file=sys.stderr, flush=True)
             n = max(args.sizes)
             default_workers = RolloutConfig().env_workers
             if n > default_workers:

@@ -11,7 +11,8 @@ dialect       protocol (what the real server expects / returns)
 ============  =======================================================================
 agentgym      this project's server (``env_adapters.http_server``) and the generic form:
               ``POST /create`` -> ``{"id"}``; ``POST /reset {id, data_idx, seed}`` ->
-              ``{"observation", "info"}``; ``POST /step {id, action}`` ->
+              ``{"observation", "info", "system_prompt"?}`` (a ``system_prompt`` there
+              spares the ``GET /system_prompt``); ``POST /step {id, action}`` ->
               ``{"observation", "reward", "done", "terminated", "truncated", "info"}``;
               ``GET /observation?id=``; ``POST /close {id}``. The raw model reply is sent:
               the server-side adapter parses it.
@@ -67,6 +68,7 @@ import httpx
 
 from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf8_safe
 from env_adapters.http_pool import ServerPool, pool_for
+from env_adapters.http_transport import new_client
 
 log = logging.getLogger(__name__)
 
@@ -313,8 +315,8 @@ class HTTPEnv(TextEnv):
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
         self._system_prompt = system_prompt
-        self._client: httpx.Client | None = httpx.Client(
-            timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 10.0)))
+        # one client per env (its connection), sharing the process's SSL context (http_transport)
+        self._client: httpx.Client | None = new_client(self.timeout_s)
         self.env_id: int | None = None
         self._closed = False
 
@@ -412,6 +414,9 @@ class HTTPEnv(TextEnv):
             data = self._request("POST", "reset",
                                  json=self.dialect.reset_body(self.env_id, task_id, seed))
         obs, info = self.dialect.parse_reset(data)
+        prompt = data.get("system_prompt") if isinstance(data, dict) else None
+        if self._system_prompt is None and self.dialect.name == "agentgym" and isinstance(prompt, str):
+            self._system_prompt = prompt  # what GET /system_prompt?id= would answer, one request less
         info.setdefault("task_id", task_id)
         info.setdefault("seed", seed)
         info["env_id"] = self.env_id

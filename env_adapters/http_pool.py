@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from env_adapters.base import InfraError
+from env_adapters.http_transport import new_client
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class ServerPool:
     def check(self, url: str) -> tuple[bool, str]:
         """``(healthy, why_not)`` of one server, by ``GET /health`` (else ``GET /``)."""
         try:
-            with httpx.Client(timeout=self.health_timeout_s) as client:
+            with new_client(self.health_timeout_s) as client:
                 r = client.get(f"{url}/health")
                 if r.status_code == 404:  # an AgentGym server without /health: is it answering?
                     r = client.get(f"{url}/")

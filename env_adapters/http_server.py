@@ -4,7 +4,9 @@
 (``id`` may also be spelled ``env_idx``, the task index ``data_idx``/``idx``):
 
 * ``POST /create``                          -> ``{"id": int}``
-* ``POST /reset {id, data_idx, seed?}``     -> ``{"id", "observation", "reward": 0, "done": false, "info"}``
+* ``POST /reset {id, data_idx, seed?}``     -> ``{"id", "observation", "reward": 0, "done": false, "info",
+  "system_prompt"}`` (``system_prompt``: the instance's, as ``GET /system_prompt`` answers it, so
+  a client needs no request for it; left out where the adapter's ``system_prompt()`` fails)
 * ``POST /step {id, action}``               -> ``{"observation", "reward", "done", "terminated",
   "truncated", "info"}`` (``done = terminated or truncated``); ``action`` is the raw model reply,
   parsed by the adapter
@@ -311,7 +313,10 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
         @functools.wraps(route)  # FastAPI reads the route's parameters through __wrapped__
         async def answered(*args: Any, **kwargs: Any) -> Any:
             try:
-                return await route(*args, **kwargs)
+                # a Response goes out as it is: FastAPI's own path for a returned dict
+                # (jsonable_encoder, response validation) was ~10 % of a request's server CPU,
+                # and the routes' results are JSON-ready already (_jsonable)
+                return JSONResponse(await route(*args, **kwargs))
             except Exception as exc:  # noqa: BLE001
                 return error(exc)
 
@@ -365,8 +370,15 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
                 obs, info = slot.env.reset(task_id, seed)
                 slot.observation, slot.task_id, slot.seed = obs, task_id, seed
                 slot.steps, slot.done = 0, False
-                return {"id": env_id, "observation": obs, "reward": 0.0, "done": False,
-                        "info": _jsonable(info)}
+                out = {"id": env_id, "observation": obs, "reward": 0.0, "done": False,
+                       "info": _jsonable(info)}
+                try:  # saves HTTPEnv a GET /system_prompt per episode (one request of 4 + horizon)
+                    prompt = slot.env.system_prompt()
+                except Exception:  # noqa: BLE001 - GET /system_prompt reports it, if asked
+                    prompt = None
+                if isinstance(prompt, str):
+                    out["system_prompt"] = prompt
+                return out
 
         return await run_in_threadpool(run)
 

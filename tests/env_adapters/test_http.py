@@ -137,6 +137,32 @@ def test_unknown_env_name_rejected():
         create_app("no-such-env")
 
 
+def test_reset_brings_the_system_prompt_so_the_client_asks_no_more(counter_registered, start_server):
+    """/reset carries the instance's system prompt (what GET /system_prompt?id= answers), and
+    HTTPEnv uses it: an episode's prompt costs no request of its own; a prompt given to the
+    client still wins."""
+    srv = start_server(create_app("counter"))
+    created = httpx.post(f"{srv.url}/create", json={}).json()
+    reset = httpx.post(f"{srv.url}/reset", json={"id": created["id"], "data_idx": 0}).json()
+    asked = httpx.get(f"{srv.url}/system_prompt", params={"id": created["id"]}).json()
+    assert reset["system_prompt"] == asked == CounterEnv().system_prompt()
+
+    remote = fast_env(srv.url)
+    try:
+        remote.reset(0)
+        real, remote._request = remote._request, None  # any request now fails the test
+        assert remote.system_prompt() == CounterEnv().system_prompt()
+        remote._request = real
+    finally:
+        remote.close()
+    own = fast_env(srv.url, system_prompt="mine")
+    try:
+        own.reset(0)
+        assert own.system_prompt() == "mine"
+    finally:
+        own.close()
+
+
 @pytest.mark.timeout(180)  # 400 timed requests: at 50 ms each under load, 60 s got close
 def test_round_trip_matches_in_process(counter_registered, start_server, capsys):
     srv = start_server(create_app("counter"))
