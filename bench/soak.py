@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/soak.py                       # 200 iterations (about 10-20 min on 2 cores)
     .venv/bin/python bench/soak.py --iterations 20 --every 5
+    .venv/bin/python bench/soak.py --model smollm2 --iterations 30 --eval-every 10 --ckpt-every 10 --every 1
 
 What runs, in this process: a ``PolicySession`` (the library steps the Prefect tasks wrap) on the
-tiny model with the keyword environment -- every iteration a streamed rollout committed to the
+tiny model (``--model``: any name ``agentgym.models.resolve_model`` takes, e.g. ``smollm2``; fp32
+either way, as on a CPU without bf16) with the keyword environment -- every iteration a streamed rollout committed to the
 trajectory store, advantages, a DeepSpeed update and the weight sync, its metrics logged to MLflow
 (SQLite); every ``--eval-every`` iterations a held-out evaluation; every ``--ckpt-every`` an HF
 export to a temporary folder logged to MLflow as a checkpoint, as ``save_checkpoint`` does.
@@ -83,12 +85,12 @@ def own_tmpdir(path: Path) -> Iterator[Path]:
 
 
 # ------------------------------------------------------------------ the loop
-def config(workdir: Path, iterations: int, model_cache: str):
+def config(workdir: Path, iterations: int, model_cache: str, model: str = "tiny"):
     from agentgym.config import parse_config
 
     return parse_config({
         "run_id": "soak", "seed": 5,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "model": {"name_or_path": model, "dtype": "float32", "cache_dir": model_cache},
         "envs": [{"name": "keyword", "tasks": [0, 1, 2, 3], "eval_tasks": [7, 8],
                   "kwargs": {"target": "aeiou", "mode": "char_share"}}],
         "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6},
@@ -100,9 +102,11 @@ def config(workdir: Path, iterations: int, model_cache: str):
 
 
 def soak(workdir: Path, iterations: int = 200, eval_every: int = 5, ckpt_every: int = 10,
-         model_cache: str = "~/.cache/agentgym/models", on_sample=None) -> list[dict[str, float]]:
+         model_cache: str = "~/.cache/agentgym/models", on_sample=None,
+         model: str = "tiny") -> list[dict[str, float]]:
     """Run the loop for ``iterations``; returns one sample per iteration (index 0: before the
-    first). ``on_sample(i, sample)`` is called as they come."""
+    first), each with the 1-minute load average beside it (the machine is shared).
+    ``on_sample(i, sample)`` is called as they come."""
     from agentgym import tempdirs
     from agentgym.evaluation import evaluate
     from agentgym.pipeline import IterationRef, PolicySession
@@ -110,12 +114,13 @@ def soak(workdir: Path, iterations: int = 200, eval_every: int = 5, ckpt_every: 
 
     workdir = Path(workdir)
     with own_tmpdir(workdir / "tmp") as tmp:
-        cfg = config(workdir, iterations, model_cache)
+        cfg = config(workdir, iterations, model_cache, model)
         tracker = Tracker(cfg.tracking.tracking_uri, cfg.tracking.experiment)
         parent = tracker.pipeline_run("soak", {"run_id": "soak"})
         stage = tracker.stage_run(parent, "soak", 0, horizon=2, iterations=iterations)
         session = PolicySession(cfg, "soak")
-        samples = [{"iteration": 0, "seconds": 0.0, "policy_version": 0, **sample(tmp)}]
+        samples = [{"iteration": 0, "seconds": 0.0, "policy_version": 0, "load1": os.getloadavg()[0],
+                    **sample(tmp)}]
         t0 = time.perf_counter()
         try:
             for it in range(iterations):
@@ -132,7 +137,7 @@ def soak(workdir: Path, iterations: int = 200, eval_every: int = 5, ckpt_every: 
                         session.export(ckpt)
                         tracker.log_checkpoint(stage, ckpt, it + 1, meta={"run_id": "soak"})
                 s = {"iteration": it + 1, "seconds": time.perf_counter() - t0,
-                     "policy_version": session.policy_version, **sample(tmp)}
+                     "policy_version": session.policy_version, "load1": os.getloadavg()[0], **sample(tmp)}
                 samples.append(s)
                 if on_sample:
                     on_sample(it + 1, s)
@@ -156,6 +161,7 @@ def summary(samples: list[dict[str, float]]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="a name resolve_model takes (tiny, smollm2) or an HF folder")
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--ckpt-every", type=int, default=10)
@@ -167,7 +173,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # two cores shared with other work: one thread is faster here
-    cols = ("iteration", "seconds", "rss_mib", "fds", "threads", "children", "tmp_files")
+    cols = ("iteration", "seconds", "load1", "rss_mib", "fds", "threads", "children", "tmp_files")
     print(" ".join(f"{c:>9}" for c in cols))
 
     def show(i: int, s: dict) -> None:
@@ -176,7 +182,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="agentgym-soak-") as work:
         samples = soak(Path(work), args.iterations, args.eval_every, args.ckpt_every,
-                       os.path.expanduser(args.model_cache), on_sample=show)
+                       os.path.expanduser(args.model_cache), on_sample=show, model=args.model)
     result = summary(samples)
     print(json.dumps(result, indent=2))
     out = Path(args.out)
