@@ -104,6 +104,18 @@ def live_tensors() -> dict[str, float]:
     return {"tensors": n, "tensor_mib": round(nbytes / 2**20, 1)}
 
 
+def object_types() -> dict[str, int]:
+    """Live objects per type (unfreezes to see frozen ones, then freezes again, as vLLM left it)."""
+    from collections import Counter
+
+    frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    counts = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+    if frozen:
+        gc.freeze()
+    return dict(counts)
+
+
 def trim() -> None:
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -117,6 +129,10 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-hd32",
                     help="tiny-hd32 (built here), or a name resolve_model takes (smollm2) or an HF folder")
     ap.add_argument("--trim", action="store_true", help="malloc_trim(0) after every update")
+    ap.add_argument("--no-engine-trim", action="store_true",
+                    help="switch off the engine's malloc_trim after each rebuild (to measure without it)")
+    ap.add_argument("--object-diff", action="store_true",
+                    help="print the object types whose count grew over each update (a few seconds each)")
     ap.add_argument("--tensors", action="store_true",
                     help="also count live tensors and their MiB after every update (a few seconds each)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vllm_rebuild_memory.json"))
@@ -127,6 +143,11 @@ def main() -> None:
 
     from agentgym.engines import create_engine
     from agentgym.models import build_tiny_model, resolve_model
+
+    if args.no_engine_trim:
+        import agentgym.engines.vllm as vllm_engine
+
+        vllm_engine.release_freed_heap = lambda: False
 
     with tempfile.TemporaryDirectory(prefix="vllm-rebuild-") as d:
         if args.model == "tiny-hd32":
@@ -141,15 +162,25 @@ def main() -> None:
         samples.append({"update": 0, **probe(), "seconds": time.perf_counter() - t0,
                         "load": os.getloadavg()})
         print(json.dumps(samples[-1]), flush=True)
+        types = object_types() if args.object_diff else {}
         try:
             for i in range(1, args.updates + 1):
-                weights = [(k, v + i / 1000 if v.is_floating_point() else v) for k, v in base.items()]
-                engine.update_weights(weights)
-                del weights
+                # perturbed in place: this script allocates nothing per update, so what grows
+                # is the engine's
+                with torch.no_grad():
+                    for v in base.values():
+                        if v.is_floating_point():
+                            v.add_(1 / 1000)
+                engine.update_weights(base.items())
                 s = {"update": i, **probe(), "seconds": time.perf_counter() - t0,
                      "load": os.getloadavg()}
                 if args.tensors:
                     s.update(live_tensors())
+                if args.object_diff:
+                    now = object_types()
+                    grew = sorted(((now[k] - types.get(k, 0), k) for k in now if now[k] > types.get(k, 0)), reverse=True)
+                    s["objects_grew"] = {k: n for n, k in grew[:25]}
+                    types = now
                 if args.trim:
                     trim()
                     s["rss_after_trim_mib"] = rss_mib()
@@ -164,6 +195,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "updates": args.updates, "trim_each": args.trim,
+                               "engine_trim": not args.no_engine_trim, "load_end": os.getloadavg(),
                                "torch": torch.__version__,
                                "samples": samples, **end}, indent=1))
     first, last = samples[1], samples[-1]

@@ -41,8 +41,9 @@ vLLM's in-place reload, then the prefix cache is reset). On the CPU backend an i
 gives wrong outputs (measured: the CPU backend packs linear weights into oneDNN handles and
 leaves the parameters empty, so a reload does not reach the packed copies), so there the new
 state is written as an HF folder in a private temp dir and the engine is re-created from it
-(measured on the loaded 2-core machine: ~4 s for the tiny model, 5-8 s for SmolLM2-135M; RSS
-grows by ~35-40 MB per re-creation with SmolLM2, native memory, not Python objects).
+(measured on the loaded 2-core machine: ~4 s for the tiny model, 5-8 s for SmolLM2-135M). Each
+re-creation left ~35-90 MB of freed C heap that glibc kept (SmolLM2; not Python objects, not
+live tensors): after every re-creation ``malloc_trim(0)`` gives it back (``agentgym.heap``).
 
 Process
 -------
@@ -74,6 +75,7 @@ import torch
 from agentgym import tempdirs
 from agentgym.engines.base import Sample, SamplingParams, check_prompts
 from agentgym.engines.vllm_rules import Piece, generate_with_stop_rule
+from agentgym.heap import release_freed_heap
 
 # vLLM reads these when it is imported / the engine is built; set before either (overridable).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -361,6 +363,7 @@ class VLLMEngine:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        release_freed_heap()  # the engine's freed heap back to the OS (see _recreate_with)
 
     def __del__(self):  # best effort; close() is the API
         with contextlib.suppress(Exception):
@@ -464,6 +467,12 @@ class VLLMEngine:
             self.llm.reset_prefix_cache()
         else:
             self._recreate_with(weights)
+            # The old engine, the state dict and the tensors handed in (copies, when the trainer
+            # converts) are freed now, but glibc keeps most of it in its arenas: without a trim
+            # RSS grew 63 MiB per rebuild with SmolLM2 in fp32, all of it given back by one
+            # malloc_trim (bench/vllm_rebuild_memory.py, docs/reliability.md).
+            del weights
+            release_freed_heap()
         self.weights_version += 1
 
     def _recreate_with(self, weights: list[tuple[str, torch.Tensor]]) -> None:
