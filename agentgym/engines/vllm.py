@@ -41,9 +41,10 @@ vLLM's in-place reload, then the prefix cache is reset). On the CPU backend an i
 gives wrong outputs (measured: the CPU backend packs linear weights into oneDNN handles and
 leaves the parameters empty, so a reload does not reach the packed copies), so there the new
 state is written as an HF folder in a private temp dir and the engine is re-created from it
-(measured on the loaded 2-core machine: ~4 s for the tiny model, 5-8 s for SmolLM2-135M). Each
-re-creation left ~35-90 MB of freed C heap that glibc kept (SmolLM2; not Python objects, not
-live tensors): after every re-creation ``malloc_trim(0)`` gives it back (``agentgym.heap``).
+(measured on the loaded 2-core machine: ~4 s for the tiny model, 5-8 s for SmolLM2-135M). A
+re-creation left two things behind, both undone by the shutdown: the old engine's tokenizer pool
+(38.5 MiB with SmolLM2, held by a vLLM lru_cache: ``_clear_engine_keyed_caches``) and freed C
+heap that glibc keeps (``malloc_trim(0)`` after every re-creation, ``agentgym.heap``).
 
 Process
 -------
@@ -173,6 +174,35 @@ def _vllm_dtype(dtype: Any) -> str:
     if name not in ("auto", "bfloat16", "float16", "float32"):
         raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16 or float32")
     return name
+
+
+# Module-level caches of vLLM (0.32) whose keys hold something of one engine, or name its weight
+# folder, which a re-creation deletes. ``func_utils._supports_kw`` (an lru_cache of 128) is asked
+# about the renderer's ``TokenizerPool.apply_chat_template``, a function made per engine whose
+# closure holds that engine's pool of deep-copied tokenizers: one entry per engine kept two
+# tokenizers alive, 38.5 MiB per re-creation with SmolLM2 (measured with
+# bench/vllm_rebuild_memory.py --object-diff, docs/reliability.md), up to 128 engines' worth.
+# The others are functools.cache'd per folder path (small, but unbounded). Missing names (another
+# vLLM version) are skipped.
+_ENGINE_KEYED_CACHES = (
+    ("vllm.utils.func_utils", "_supports_kw"),
+    ("vllm.transformers_utils.repo_utils", "list_repo_files"),
+    ("vllm.transformers_utils.utils", "maybe_model_redirect"),
+    ("vllm.transformers_utils.config", "get_pooling_config"),
+    ("vllm.transformers_utils.config", "get_sentence_transformer_tokenizer_config"),
+    ("vllm.transformers_utils.config", "try_get_dense_modules"),
+    ("vllm.transformers_utils.config", "checkpoint_has_lm_head"),
+)
+
+
+def _clear_engine_keyed_caches() -> None:
+    import importlib
+
+    for module, name in _ENGINE_KEYED_CACHES:
+        try:
+            getattr(importlib.import_module(module), name).cache_clear()
+        except (ImportError, AttributeError):
+            pass
 
 
 def _safetensor_files(folder: Path) -> list[Path]:
@@ -350,9 +380,10 @@ class VLLMEngine:
             if ps._WORLD is not None:
                 ps._WORLD.destroy()
                 ps._WORLD = None
+        _clear_engine_keyed_caches()
         # vLLM gc.freeze()s everything alive once its engine is up (fewer GC pauses): without an
         # unfreeze, every re-created engine would leave its predecessor in the permanent
-        # generation (measured: ~40 MB per weight update with SmolLM2).
+        # generation.
         gc.unfreeze()
         gc.collect()
         if torch.cuda.is_available():

@@ -164,6 +164,20 @@ def test_prefix_cache_serves_the_conversation_so_far(engines):
     v.release(k for k in ["ep-1"])
 
 
+def _live_tokenizer_pools() -> int:
+    """vLLM renderers' thread-safe tokenizers alive (one per live engine)."""
+    import gc
+
+    frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()  # vLLM froze the heap; frozen objects are not listed
+    try:
+        gc.collect()
+        return sum(type(o).__name__.startswith("TokenizerPool") for o in gc.get_objects())
+    finally:
+        if frozen:
+            gc.freeze()
+
+
 def test_update_weights_both_engines_agree_again(engines, hd32_path, monkeypatch):
     v, h = engines
     import agentgym.engines.vllm as vllm_module
@@ -173,6 +187,8 @@ def test_update_weights_both_engines_agree_again(engines, hd32_path, monkeypatch
     prompts = _prompts(h.tokenizer)
     greedy = SamplingParams(max_new_tokens=12, greedy=True)
     before = v.generate(prompts, greedy)
+    pools = _live_tokenizer_pools()
+    assert pools >= 1, "vLLM made no TokenizerPool: the leak check below would check nothing"
     original = [(n, p.detach().clone()) for n, p in h.model.named_parameters()]
     other, _ = load_model(hd32_path, "float32")
     g = torch.Generator().manual_seed(0)
@@ -184,6 +200,9 @@ def test_update_weights_both_engines_agree_again(engines, hd32_path, monkeypatch
         h.update_weights(other.named_parameters())
         v.update_weights(other.named_parameters())
         assert len(trims) == (0 if v.inplace_update else 1)
+        # the old engine's tokenizer pool is gone (a vLLM lru_cache kept it: 38.5 MiB per
+        # re-creation with SmolLM2, docs/reliability.md)
+        assert _live_tokenizer_pools() == pools
         if world is not None:
             assert torch.distributed.group.WORLD is world
             t = torch.ones(1)
