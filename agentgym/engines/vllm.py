@@ -499,9 +499,9 @@ class VLLMEngine:
         else:
             self._recreate_with(weights)
             # The old engine, the state dict and the tensors handed in (copies, when the trainer
-            # converts) are freed now, but glibc keeps most of it in its arenas: without a trim
-            # RSS grew 63 MiB per rebuild with SmolLM2 in fp32, all of it given back by one
-            # malloc_trim (bench/vllm_rebuild_memory.py, docs/reliability.md).
+            # converts) are freed now, but glibc keeps much of it in its arenas: without a trim
+            # RSS sat 267 MiB higher after each rebuild with SmolLM2 in fp32
+            # (bench/vllm_rebuild_memory.py --no-engine-trim, docs/reliability.md).
             del weights
             release_freed_heap()
         self.weights_version += 1

@@ -165,14 +165,17 @@ def test_prefix_cache_serves_the_conversation_so_far(engines):
 
 
 def _live_tokenizer_pools() -> int:
-    """vLLM renderers' thread-safe tokenizers alive (one per live engine)."""
+    """Pools of tokenizer copies alive (vLLM's renderer keeps one per engine: a queue.Queue of
+    deep-copied tokenizers, reached from the functions of its ``TokenizerPool`` class)."""
     import gc
+    import queue
 
     frozen = gc.get_freeze_count() > 0
     gc.unfreeze()  # vLLM froze the heap; frozen objects are not listed
     try:
         gc.collect()
-        return sum(type(o).__name__.startswith("TokenizerPool") for o in gc.get_objects())
+        return sum(isinstance(o, queue.Queue) and any(hasattr(t, "apply_chat_template") for t in list(o.queue))
+                   for o in gc.get_objects())
     finally:
         if frozen:
             gc.freeze()
