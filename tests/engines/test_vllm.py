@@ -174,7 +174,7 @@ def _live_tokenizer_pools() -> int:
     gc.unfreeze()  # vLLM froze the heap; frozen objects are not listed
     try:
         gc.collect()
-        return sum(isinstance(o, queue.Queue) and any(hasattr(t, "apply_chat_template") for t in list(o.queue))
+        return sum(type(o) is queue.Queue and any(hasattr(t, "apply_chat_template") for t in list(o.queue))
                    for o in gc.get_objects())
     finally:
         if frozen:
