@@ -148,7 +148,7 @@ def build_engine(kind: str, model: str):
 
     if kind == "vllm":
         path = _tiny_vllm_path() if model == "tiny" else resolve_model(model)
-        return create_engine("vllm", path, ARGS.dtype, kv_cache_gb=1.0, max_model_len=4096)
+        return create_engine("vllm", path, ARGS.dtype, kv_cache_gb=1.0, max_model_len=16384)  # = the rollout's max_context_tokens (BabyAI at h20 passes 4,096)
     path = tiny_model_path() if model == "tiny" else resolve_model(model)
     return create_engine("hf", path, ARGS.dtype)
 
