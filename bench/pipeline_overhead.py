@@ -59,6 +59,9 @@ def _parse() -> argparse.Namespace:
                     "(SFT and the held-out table off)")
     ap.add_argument("--horizons", type=int, nargs="+", default=[3, 5], help="one stage per horizon "
                     "(quickstart: 3 5)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a config override after the bench's own, as `agentgym train --set` (repeatable), "
+                    "e.g. rollout.engine=vllm (run from .venv-vllm)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine a "
                     "second OpenMP thread spin-waits on a busy core, up to 50x slower; see bench/README.md)")
     ap.add_argument("--quick", action="store_true", help="keyword env, 2 stages x 2 iterations (smoke)")
@@ -99,6 +102,7 @@ def main() -> int:
     if ARGS.quick:
         sets += ["envs=[{name: keyword, tasks: [0, 1, 2, 3], kwargs: {target: 'yes', mode: starts_with}}]",
                  "rollout.constrain_actions=false", "schedule.stages=[{horizon: 1, iterations: 2}, {horizon: 2, iterations: 2}]"]
+    sets += ARGS.overrides
     cfg = load_config(ROOT / ARGS.config, sets)
 
     from flows.train import scaling_inter_rl
