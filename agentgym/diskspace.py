@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["disk_errors", "free_bytes", "is_out_of_space"]
+__all__ = ["disk_errors", "error_chain", "free_bytes", "is_out_of_space"]
 
 # An opaque write error (torch.save's) on a disk with less than this free is taken as "full".
 NEARLY_FULL_BYTES = 1 << 20
@@ -46,20 +46,27 @@ def free_bytes(path: str | os.PathLike) -> int | None:
     return None
 
 
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during (``__cause__``, else
+    ``__context__``), each once: where a library's wrapper hides the error that says what failed."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
 def is_out_of_space(exc: BaseException, path: str | os.PathLike | None = None,
                     opaque: tuple[type[BaseException], ...] = (OSError, RuntimeError)) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is a write that found the disk
     full: ENOSPC / EDQUOT, the text of either, or an opaque failure (of the ``opaque`` types)
     while ``path``'s disk has almost nothing free."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in error_chain(exc):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if any(m in str(e).lower() for m in _MARKERS):
             return True
-        e = e.__cause__ or e.__context__
     if path is not None and isinstance(exc, opaque):
         free = free_bytes(path)
         return free is not None and free < NEARLY_FULL_BYTES

@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from agentgym.diskspace import NEARLY_FULL_BYTES, free_bytes, is_out_of_space
+from agentgym.diskspace import NEARLY_FULL_BYTES, error_chain, free_bytes, is_out_of_space
 
 __all__ = ["prefect_database", "prefect_disk_error"]
 
@@ -50,15 +50,11 @@ def prefect_database() -> Path | None:
 def _from_prefect_api(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it came from) is a failed call to the Prefect API or its
     server: a 5xx answer, or the server (or a client of it) giving up."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in error_chain(exc):
         status = getattr(getattr(e, "response", None), "status_code", None)
         module = type(e).__module__ or ""
         if module.startswith(("prefect", "httpx", "httpcore")) and (status is None or status >= 500):
             return True
-        e = e.__cause__ or e.__context__
     return False
 
 

@@ -19,6 +19,8 @@ import errno
 from collections.abc import Iterator
 from typing import Any
 
+from agentgym.diskspace import error_chain
+
 __all__ = ["StoreWriteRefused", "refused_writes"]
 
 _QUOTA = {"QuotaExceeded", "XMinioAdminBucketQuotaExceeded", "XMinioStorageFull", "InsufficientStorage",
@@ -35,14 +37,10 @@ class StoreWriteRefused(OSError):
 def _answer(exc: BaseException) -> dict[str, Any] | None:
     """The S3 server's error response carried by ``exc`` or an error it came from (botocore's
     ``ClientError.response``), or None when no server answered."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in error_chain(exc):
         resp = getattr(e, "response", None)
         if isinstance(resp, dict) and "Error" in resp:
             return resp
-        e = e.__cause__ or e.__context__
     return None
 
 

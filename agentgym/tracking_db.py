@@ -20,7 +20,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from agentgym.diskspace import NEARLY_FULL_BYTES, free_bytes
+from agentgym.diskspace import NEARLY_FULL_BYTES, error_chain, free_bytes
 
 # SQLITE_FULL's text; SQLITE_IOERR's where the disk is (nearly) full (a journal write refused)
 _FULL = "database or disk is full"
@@ -35,10 +35,7 @@ def db_path(tracking_uri: str) -> Path | None:
 
 
 def _db_full(exc: BaseException, path: Path | None) -> bool:
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in error_chain(exc):
         text = str(e).lower()
         if _FULL in text:
             return True
@@ -46,7 +43,6 @@ def _db_full(exc: BaseException, path: Path | None) -> bool:
             free = free_bytes(path)
             if free is not None and free < NEARLY_FULL_BYTES:
                 return True
-        e = e.__cause__ or e.__context__
     return False
 
 
