@@ -22,6 +22,8 @@ from transformers import PreTrainedTokenizerBase
 
 _PROBE_USER = "\u2063probe-user\u2063"
 _PROBE_REPLY = "\u2063probe-reply\u2063"
+# a user turn and its reply: rendered closed, it shows what the template puts around turns
+_PROBE = ({"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY})
 
 
 class ChatTemplateError(ValueError):
@@ -57,10 +59,7 @@ class ChatFormatter:
     @cached_property
     def assistant_suffix(self) -> str:
         """Text the template puts after an assistant message's content (e.g. '<|im_end|>\\n')."""
-        text = self._render(
-            [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}],
-            generation_prompt=False,
-        )
+        text = self._closed_probe
         if _PROBE_REPLY not in text:
             raise ChatTemplateError("chat template drops assistant content; cannot build turns")
         return text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):]
@@ -93,9 +92,8 @@ class ChatFormatter:
         token, so only the rest of the assistant suffix is added (a reply cut by a stop
         string or the token budget gets the whole suffix).
         """
-        probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
         closed = self._closed_probe
-        extended = self._render(probe + [{"role": "user", "content": observation}], True)
+        extended = self._render([*_PROBE, {"role": "user", "content": observation}], True)
         if not extended.startswith(closed):
             raise ChatTemplateError(
                 "chat template re-renders earlier turns when a turn is added; incremental "
@@ -106,9 +104,9 @@ class ChatFormatter:
     @cached_property
     def _closed_probe(self) -> str:
         """The probe conversation (a user turn and a reply) rendered closed: the part of every
-        ``glue`` rendering that comes before the new observation (rendered once, not per turn)."""
-        probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
-        return self._render(probe, False)
+        ``glue`` rendering that comes before the new observation, and where ``assistant_suffix``
+        is read (rendered once, not per turn)."""
+        return self._render(list(_PROBE), False)
 
     @cached_property
     def _suffix_ids(self) -> dict[bool, list[int]]:
