@@ -522,10 +522,13 @@ class HFEngine:
         mask = torch.zeros((n, 1, t_max, width + t_max), dtype=dtype)
         mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
         sel = sel.to(device)
-        data = [(layer.keys.index_select(0, sel), layer.values.index_select(0, sel)) for layer in cache.layers]
+        # the rows' keys/values (index_select copies them, so ``cache`` is not modified); as
+        # ``ReservedLayer``s, the tree's keys/values are added with one more copy, where a
+        # ``DynamicCache`` built from them would copy the rows once more first
+        data = [(layer.keys.index_select(0, sel), layer.values.index_select(0, sel), width) for layer in cache.layers]
         logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                             position_ids=pos.to(device), use_cache=True, logits_to_keep=0,
-                            **{self._cache_kw: DynamicCache(ddp_cache_data=data)}).logits.float()
+                            **{self._cache_kw: reserved_cache(data, 0)}).logits.float()
         logp = torch.log_softmax(logits / temperature, dim=-1).cpu()
         for i, r in enumerate(entries):
             _, _, index = trees[r]
