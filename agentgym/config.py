@@ -882,6 +882,12 @@ def with_overrides(config: PipelineConfig, overrides: list[str] | None) -> Pipel
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    return parse_config(config_data(path, overrides), source=str(path))
+
+
+def config_data(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The YAML mapping of config file ``path`` with ``overrides`` applied, not yet validated
+    (``ConfigError`` for a missing or malformed file)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
@@ -891,4 +897,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Pipelin
         raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return parse_config(apply_overrides(data, overrides), source=str(path))
+    return apply_overrides(data, overrides)

@@ -14,8 +14,6 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 
 def vllm_env_python(config: Path, overrides: list[str]) -> str | None:
     """The interpreter to re-run `agentgym train` in, or None to run here: None when this
@@ -24,13 +22,13 @@ def vllm_env_python(config: Path, overrides: list[str]) -> str | None:
     vLLM environment exists (the config check then says how to create one)."""
     if importlib.util.find_spec("vllm") is not None:
         return None
-    from agentgym.config import apply_overrides
+    from agentgym.config import config_data
 
     try:
-        data = apply_overrides(yaml.safe_load(Path(config).read_text()) or {}, overrides)
+        data = config_data(config, overrides)
     except Exception:  # noqa: BLE001 - load_config reports a bad file or override precisely
         return None
-    rollout = data.get("rollout") if isinstance(data, dict) else None
+    rollout = data.get("rollout")
     if not isinstance(rollout, dict) or rollout.get("engine") != "vllm":
         return None
     from agentgym.engines.vllm_server_launch import vllm_python
