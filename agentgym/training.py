@@ -236,7 +236,7 @@ def _policy_forward(
     ent = None
     if with_entropy:
         # from the log-probs at hand: one pass over the vocabulary instead of softmax + logsumexp
-        # (on the test model, whose LM head is most of its compute, the update's entropy cost 10 %)
+        # (test model, whose LM head is most of its compute: update vs plain PyTorch 0.90 -> 0.98, bench/README.md)
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent_tok = A.entropy_from_logprobs(logp_all)
         ent = torch.zeros_like(out)
