@@ -720,7 +720,9 @@ def aggregate_loss(loss_mat: Tensor, loss_mask: Tensor, mode: str, *, norm_lengt
     * ``token-mean``: sum(loss*mask) / sum(mask) (every policy token weighs the same).
     * ``seq-mean-token-mean``: mean over rows of each row's token mean; rows without any policy
       token are left out (verl would divide by 0 there).
-    * ``seq-mean-token-sum``: mean over all B rows of each row's token sum.
+    * ``seq-mean-token-sum``: mean over rows of each row's token sum; rows without any policy
+      token are left out, as in ``seq-mean-token-mean`` (and verl since its PR #3915), so padding
+      a batch with empty rows does not shrink the loss.
     * ``seq-mean-token-sum-norm`` (Dr. GRPO, verl's definition): sum(loss*mask) / L with L =
       ``norm_length`` if given else T = ``loss_mask.shape[-1]`` (a constant L reproduces Dr. GRPO
       best; note it is a SUM over rows, not a mean).
@@ -734,13 +736,11 @@ def aggregate_loss(loss_mat: Tensor, loss_mask: Tensor, mode: str, *, norm_lengt
     mf = m.to(_float_dtype(loss_mat))
     if mode == "token-mean":
         return x.sum() / mf.sum().clamp_min(1.0)
-    if mode == "seq-mean-token-mean":
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         n = mf.sum(dim=-1)
         has = n > 0
-        per_row = x.sum(dim=-1) / n.clamp_min(1.0)
+        per_row = x.sum(dim=-1) / n.clamp_min(1.0) if mode == "seq-mean-token-mean" else x.sum(dim=-1)
         return (per_row * has).sum() / has.sum().clamp_min(1)
-    if mode == "seq-mean-token-sum":
-        return x.sum(dim=-1).mean()
     if mode == "seq-mean-token-sum-norm":
         L = loss_mask.shape[-1] if norm_length is None else norm_length
         if L <= 0:

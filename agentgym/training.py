@@ -863,11 +863,11 @@ class PolicyTrainer:
         mode = self.algo.loss_agg
         if mode == "token-mean":
             return float(mb.loss_mask.sum() / mini.loss_mask.sum().clamp(min=1))
-        if mode == "seq-mean-token-mean":  # rows without policy tokens are left out
-            rows = lambda b: float((b.loss_mask.sum(-1) > 0).sum())  # noqa: E731
+        if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):  # rows without policy tokens are left out
+            def rows(b: TrainBatch) -> float:
+                return float((b.loss_mask.sum(-1) > 0).sum())
+
             return rows(mb) / max(rows(mini), 1.0)
-        if mode == "seq-mean-token-sum":
-            return len(mb) / len(mini)
         return 1.0  # seq-mean-token-sum-norm is a sum over rows with a fixed divisor
 
     def train_from_store(self, store: dict[str, Any], stage: int, iteration: int,

@@ -619,10 +619,10 @@ def test_aggregate_loss_modes_hand_computed():
     assert aggregate_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx((3 + 18) / 2)
     assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx((3 + 18) / 4)  # / T
     assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm", norm_length=10).item() == pytest.approx(2.1)
-    # a row without policy tokens: left out of seq-mean-token-mean, counted in seq-mean-token-sum
+    # a row without policy tokens is left out of both seq-mean modes (verl's rule since PR #3915)
     mask3 = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
     assert aggregate_loss(loss, mask3, "seq-mean-token-mean").item() == pytest.approx(1.5)
-    assert aggregate_loss(loss, mask3, "seq-mean-token-sum").item() == pytest.approx(1.5)
+    assert aggregate_loss(loss, mask3, "seq-mean-token-sum").item() == pytest.approx(3.0)
     assert aggregate_loss(loss, torch.zeros_like(mask), "token-mean").item() == 0.0
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate_loss(loss, mask, "mean")

@@ -1,6 +1,7 @@
 """DeepSpeed trainer: optimizer-step accounting, exact micro-batch accumulation, learning."""
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -11,15 +12,20 @@ from transformers import AutoTokenizer
 from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
 from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.training import PolicyTrainer, TrainBatch
+from update_compare import OptimizerSteps, assert_same_gradient, assert_step_is_adamw
 
 
-def _batch(vocab: int, n: int = 8, seed: int = 0, returns: bool = False) -> TrainBatch:
+def _batch(vocab: int, n: int = 8, seed: int = 0, returns: bool = False, empty_row: int | None = None) -> TrainBatch:
+    """``n`` rows of two policy segments each; row ``empty_row`` (if given) has no policy token
+    (an episode whose every reply was cut, say): the seq-mean modes leave it out."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for i in range(n):
         length = 12 + i
         ids = torch.randint(6, vocab, (length,), generator=g).tolist()
         mask = [0] * 5 + [1] * 4 + [0] * 2 + [1] * (length - 11)  # two policy segments
+        if i == empty_row:
+            mask = [0] * length
         rows.append({
             "input_ids": ids, "loss_mask": mask,
             "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
@@ -56,34 +62,49 @@ def test_ppo_epochs_and_mini_batches_count_optimizer_steps(tiny_path):
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                       "seq-mean-token-sum-norm"])
 def test_micro_batch_accumulation_is_exact(tiny_path, loss_agg):
-    """One mini-batch in 1, 2 or 8 micro-batches gives the same update."""
-    batch = _batch(512)
-    results = []
+    """One mini-batch in 1, 3 or 8 micro-batches gives the same gradient (to float32 summation
+    order, see update_compare.py for why the gradient and not the weights after AdamW), and each
+    run's weights moved by AdamW's closed form of it. Row 3 has no policy token, so a micro-batch
+    made of it alone (micro-batch 1) must carry no weight in the seq-mean modes."""
+    batch = _batch(512, empty_row=3)
+    grads = []
     for micro in (8, 3, 1):
         tr = _trainer(tiny_path, micro_batch_size=micro, zero_stage=2, algo={"loss_agg": loss_agg})
+        with OptimizerSteps() as steps:
+            tr.train_on_batch(batch)
+        assert len(steps.records) == 1
+        assert_step_is_adamw(steps.records[0])
+        grads.append(steps.records[0]["grad"])
+    ulps = [assert_same_gradient(grads[0], other, f"{loss_agg} micro-batch {m} vs 8")
+            for m, other in zip((3, 1), grads[1:])]
+    print(f"{loss_agg}: gradient differences {ulps} round-off units of max|g|")
+
+    # The bound has teeth: leaving out row 2 (advantage +1, unclipped; a lost micro-batch) moves the
+    # gradient by far more.
+    tr = _trainer(tiny_path, micro_batch_size=8, zero_stage=2, algo={"loss_agg": loss_agg})
+    with OptimizerSteps() as steps:
+        tr.train_on_batch(batch.select([0, 1, 3, 4, 5, 6, 7]))
+    with pytest.raises(AssertionError, match="gradients differ"):
+        assert_same_gradient(grads[0], steps.records[0]["grad"])
+
+
+def _one_step(tr: PolicyTrainer, batch: TrainBatch) -> list[torch.Tensor]:
+    """Train on ``batch`` and return each optimizer step's gradient (one per optimizer: the
+    policy's, and a separate critic's), after checking every step is AdamW's first step of it."""
+    with OptimizerSteps() as steps:
         tr.train_on_batch(batch)
-        results.append(_params(tr))
-    for other in results[1:]:
-        for k in results[0]:
-            assert torch.allclose(results[0][k], other[k], atol=2e-6), (loss_agg, k)
+    for record in steps.records:
+        assert_step_is_adamw(record)
+    return [r["grad"] for r in steps.records]
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stages_agree(tiny_path, stage):
-    base = _trainer(tiny_path, micro_batch_size=4, zero_stage=0)
-    base.train_on_batch(_batch(512))
-    tr = _trainer(tiny_path, micro_batch_size=4, zero_stage=stage)
-    tr.train_on_batch(_batch(512))
-    if stage == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(tr.module.parameters())):
-            got = _params(tr)
-    else:
-        got = _params(tr)
-    want = _params(base)
-    for k in want:
-        assert torch.allclose(want[k], got[k], atol=2e-6), (stage, k)
+    """Same gradient (to float32 summation order) and same AdamW step at every ZeRO stage; the
+    optimizer's flat layout is the same for ZeRO 0-3 with one rank."""
+    (want,) = _one_step(_trainer(tiny_path, micro_batch_size=4, zero_stage=0), _batch(512))
+    (got,) = _one_step(_trainer(tiny_path, micro_batch_size=4, zero_stage=stage), _batch(512))
+    assert_same_gradient(want, got, f"ZeRO-{stage} vs ZeRO-0")
 
 
 def test_kl_to_reference_is_reported(tiny_path):
@@ -127,6 +148,19 @@ def test_entropy_bonus_raises_entropy(tiny_path):
     assert bonus[2] > bonus[0] + 1e-3
 
 
+# The learning tests run with a fixed seed and a fixed number of iterations. On another machine
+# of the same kind the same seed draws other samples (other CPU kernels round differently), so
+# the margins below are set from the spread over seeds, measured with
+# `python bench/learning_test_spread.py` (which sets AGENTGYM_LEARN_SEED; the default is 0).
+LEARN_SEED = int(os.environ.get("AGENTGYM_LEARN_SEED", "0"))
+# Gain (mean reward of the last 3 iterations minus the first 3) over seeds 0-11, 15 iterations:
+#   grpo 0.288 +- 0.076 (min 0.200), rloo 0.320 +- 0.123 (min 0.201), reinforce_pp 0.370 +- 0.085
+#   (min 0.245), gae 0.371 +- 0.101 (min 0.259), gae-shared 0.390 +- 0.093 (min 0.238),
+#   grpo-turn 0.337 +- 0.073 (min 0.263).
+# The margin is half the smallest gain seen: the old 0.2 failed on seed 6 (grpo 0.200). A policy
+# that does not learn moves the 3-iteration means by a few hundredths (16 samples each).
+LEARN_MARGIN = 0.1
+
 # The learning sanity cases: algorithm overrides and the environment. ``*-turn`` cases play the
 # two-turn ``multi_char_share`` env (tests/agentgym/multiturn_env.py), where turns have their own
 # rewards; the others the one-turn keyword char_share task. Same seed, 15 iterations each.
@@ -165,7 +199,7 @@ def test_learning_sanity_reward_goes_up(tmp_path, model_cache, monkeypatch, case
         env, horizon = {"name": "keyword", "tasks": list(range(8)),
                         "kwargs": {"target": "aeiou", "mode": "char_share"}}, 1
     cfg = parse_config({
-        "seed": 0, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "seed": LEARN_SEED, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
         "envs": [env],
         "rollout": {"tasks_per_iteration": 4, "group_size": 4, "max_new_tokens": 8},
         "algorithm": {"ppo_epochs": 2, "mini_batches": 2, **LEARN[case]},
@@ -191,7 +225,7 @@ def test_learning_sanity_reward_goes_up(tmp_path, model_cache, monkeypatch, case
     if LEARN[case]["estimator"] == "gae":
         assert all(v is not None and not math.isnan(v) for v in ev[1:])
         assert out["vf_loss"] >= 0 and "vf_clipfrac" in out
-    assert last > first + 0.2, rewards
+    assert last > first + LEARN_MARGIN, rewards
     after = session.engine.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the rollout engine got the new weights
 
