@@ -283,15 +283,12 @@ def test_lr_schedule_counts_optimizer_steps_not_micro_batches(tiny_path):
 
 def test_zero3_accumulates_micro_batches(tiny_path):
     """Regression: forwards that bypassed the DeepSpeed engine made ZeRO-3 overwrite instead of
-    accumulate gradient partitions across micro-batches (the update was lost)."""
-    results = []
-    for stage, micro in ((0, 8), (3, 2), (3, 3)):
-        tr = _trainer(tiny_path, micro_batch_size=micro, zero_stage=stage, algo={"mini_batches": 2})
-        tr.train_on_batch(_batch(512))
-        results.append(_weights(tr))
-    for other in results[1:]:
-        for k in results[0]:
-            assert torch.allclose(results[0][k], other[k], atol=2e-6), k
+    accumulate gradient partitions across micro-batches (the update was lost). 8 rows in 4 or 3
+    micro-batches under ZeRO-3 give ZeRO-0's one-micro-batch gradient."""
+    (want,) = _one_step(_trainer(tiny_path, micro_batch_size=8, zero_stage=0), _batch(512))
+    for micro in (2, 3):
+        (got,) = _one_step(_trainer(tiny_path, micro_batch_size=micro, zero_stage=3), _batch(512))
+        assert_same_gradient(want, got, f"ZeRO-3 micro-batch {micro}")
 
 
 def _peaked_tiny(src: str, dst) -> str:
@@ -314,12 +311,18 @@ def _peaked_tiny(src: str, dst) -> str:
 
 
 def test_lora_learns_and_merged_weights_generate_like_the_adapters(tmp_path, tiny_path):
+    """LoRA raises the reward, and the merged export generates exactly as the adapters do.
+
+    Gain over seeds 0-11 (bench/learning_test_spread.py -k lora_learns): with 20 iterations
+    0.335 +- 0.185, min 0.138 (the old margin 0.15 failed on 4 of 12 seeds, and on one machine
+    with seed 0); with 30 iterations 0.377 +- 0.150, min 0.193. So 30 iterations and a margin of
+    half the smallest gain."""
     from transformers import AutoModelForCausalLM
 
     model = _peaked_tiny(tiny_path, tmp_path / "peaked")
-    iters = 20
+    iters = 30
     cfg = parse_config({
-        "seed": 0, "model": {"name_or_path": model, "dtype": "float32"},
+        "seed": LEARN_SEED, "model": {"name_or_path": model, "dtype": "float32"},
         "envs": [{"name": "keyword", "tasks": list(range(8)), "kwargs": {"target": "aeiou", "mode": "char_share"}}],
         "rollout": {"tasks_per_iteration": 4, "group_size": 4, "max_new_tokens": 8},
         "algorithm": {"estimator": "grpo", "ppo_epochs": 2, "mini_batches": 2},
@@ -336,7 +339,7 @@ def test_lora_learns_and_merged_weights_generate_like_the_adapters(tmp_path, tin
         session.update(ref)
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"lora: reward {first:.3f} -> {last:.3f}: {[round(r, 2) for r in rewards]}")
-    assert last > first + 0.15, rewards
+    assert last > first + LEARN_MARGIN, rewards
 
     tr = session.trainer
     assert sum(p.numel() for p in tr.module.parameters() if p.requires_grad) < 0.2 * sum(
@@ -404,21 +407,18 @@ def test_critic_trains_with_exact_step_accounting(tiny_path, mode):
 @pytest.mark.parametrize("mode", CRITIC_MODES)
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum"])
 def test_critic_micro_batch_accumulation_is_exact(tiny_path, mode, loss_agg):
-    """The critic's update (and, shared, the policy's) is the same in 1, 3 or 8 micro-batches.
-    Tolerance: 0.5% of one AdamW step (lr 1e-3). The zero-initialised value head gives the trunk
-    near-zero gradients at first, and AdamW's m / sqrt(v) magnifies their float summation-order
-    differences (measured up to 1.6e-3 of a step)."""
-    batch = _batch(512, returns=True)
-    results = []
+    """The critic's gradient (and the policy's, which a shared critic's loss flows into) is the
+    same in 1, 3 or 8 micro-batches, to float32 summation order; each optimizer (the policy's, and
+    the separate critic's or the shared value head's own) took AdamW's step of it."""
+    batch = _batch(512, returns=True, empty_row=5)
+    runs = []
     for micro in (8, 3, 1):
-        algo = _gae(mode, loss_agg=loss_agg, mini_batches=2, critic={"learning_rate": 1e-3})
-        tr = _trainer(tiny_path, micro_batch_size=micro, algo=algo)
-        tr.train_on_batch(batch)
-        results.append((_params(tr), _critic_state(tr)))
-    for other in results[1:]:
-        for got, want in zip(other, results[0]):
-            for k in want:
-                assert torch.allclose(want[k], got[k], atol=5e-6), (mode, loss_agg, k)
+        algo = _gae(mode, loss_agg=loss_agg, critic={"learning_rate": 1e-3})
+        runs.append(_one_step(_trainer(tiny_path, micro_batch_size=micro, algo=algo), batch))
+    assert len(runs[0]) == 2 and all(len(r) == 2 for r in runs)  # the policy's and the critic's (or head's) AdamW
+    for micro, other in zip((3, 1), runs[1:]):
+        for k, (want, got) in enumerate(zip(runs[0], other)):
+            assert_same_gradient(want, got, f"{mode} {loss_agg} micro-batch {micro}, optimizer {k}")
 
 
 @pytest.mark.parametrize("mode,kw", [("separate", {"zero_stage": 2}), ("separate", {"zero_stage": 3}),
