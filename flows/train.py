@@ -29,7 +29,7 @@ from tasks.links import TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeli
 from tasks.rl import (collect_rollouts, compute_advantages, log_final_policy, publish_viewer, restore_policy,
                       save_checkpoint, update_policy)
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
-from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison
+from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison, publish_learning_curve
 from tasks.runtime import drop_session
 from flows.sft import sft_flow
 
@@ -218,6 +218,7 @@ def scaling_inter_rl(
             if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])
                 heldout[f"stage-{index}"] = heldout_policy(config, parent, f"stage-{index}", ckpt)
+                publish_learning_curve(config, run_id, parent)
         table = publish_comparison(run_id, heldout, tracker.run_link(parent)) if heldout else []
         model = None
         if config.tracking.log_model and stages[-1]["checkpoint"]:

@@ -14,13 +14,14 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from agentgym import progress
+from agentgym import learning_curve, progress
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
 from agentgym.engines import engine_for
 from agentgym.evaluation import EvalReport, evaluate
 from agentgym.heldout import RANDOM, comparison_table, heldout_horizon, random_valid_report
 from agentgym.registry import materialize
+from agentgym.schedule import stage_start
 from agentgym.tracking import Tracker
 
 
@@ -95,3 +96,21 @@ def publish_comparison(run_id: str, results: dict[str, dict[str, Any]], link: st
         description=f"Held-out success of run {run_id} at horizon {horizon}: random-valid (mean over "
                     f"seeds), base model, after SFT, after each ScalingInter-RL stage (greedy@1). {link}")
     return rows
+
+
+@task(name="publish_learning_curve", cache_policy=NO_CACHE)
+def publish_learning_curve(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> str:
+    """Draw the run's learning curve so far (held-out success against RL environment steps and
+    wall minutes, beside the random-valid baseline) and log it as the pipeline run's artifact
+    ``learning_curve.png``; returns the artifact path. Redrawn after every held-out evaluation."""
+    import tempfile
+
+    tracker = Tracker.from_config(config.tracking)
+    ends = [stage_start(config.stages, k + 1) for k in range(len(config.stages))]
+    curve = learning_curve.from_mlflow(tracker.client, parent_mlflow_id, ends)
+    with tempfile.TemporaryDirectory(prefix="agentgym-curve-") as tmp:
+        path = learning_curve.plot(curve, f"{tmp}/learning_curve.png",
+                                   f"run {run_id}: held-out greedy success at horizon {heldout_horizon(config)} "
+                                   f"on {sum(len(e.eval_tasks or []) for e in config.envs)} tasks")
+        tracker.client.log_artifact(parent_mlflow_id, str(path))
+    return "learning_curve.png"

@@ -96,3 +96,5 @@ def test_sft_stage_resumes_after_sigkill(tmp_path, model_cache, tiny_path):
     for label in ("base", "sft", "stage-1"):
         hist = client.get_metric_history(parent.info.run_id, f"heldout/{label}/overall/greedy_at_1")
         assert len(hist) == 1, (label, hist)
+    # the learning curve, redrawn after each stage's held-out evaluation
+    assert "learning_curve.png" in [a.path for a in client.list_artifacts(parent.info.run_id)]

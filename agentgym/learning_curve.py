@@ -1,0 +1,108 @@
+"""The learning curve of a pipeline run: held-out success against environment steps and wall time.
+
+Built from what the run logged to MLflow (so a resumed run draws its whole history): the
+iteration metrics ``episodes`` and ``turns_per_episode`` give the environment steps played up to
+each global step, their timestamps the wall time since the run started, and the held-out results
+(``heldout/<label>/overall/greedy_at_1``) are placed at the step where their policy stopped
+training (base and SFT at 0 environment steps of RL, ``stage-k`` at the end of stage k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class CurvePoint:
+    """One held-out evaluation: ``label`` (base, sft, stage-0, ...), its success, and the RL
+    environment steps and wall minutes at which its policy was taken."""
+
+    label: str
+    success: float
+    env_steps: float
+    minutes: float
+
+
+@dataclass
+class LearningCurve:
+    """Per-iteration training numbers and the held-out points of one run."""
+
+    env_steps: list[float] = field(default_factory=list)  # cumulative, per global step
+    minutes: list[float] = field(default_factory=list)  # wall minutes since the run started
+    train_success: list[float] = field(default_factory=list)  # sampled success per iteration
+    heldout: list[CurvePoint] = field(default_factory=list)
+    random_valid: float | None = None  # the random-valid-action baseline on the same tasks
+
+    def steps_at(self, global_step: int) -> tuple[float, float]:
+        """(environment steps, minutes) once ``global_step`` iterations have run (0: none)."""
+        if global_step <= 0 or not self.env_steps:
+            return 0.0, 0.0
+        i = min(global_step, len(self.env_steps)) - 1
+        return self.env_steps[i], self.minutes[i]
+
+
+def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCurve:
+    """Read a pipeline run's curve from MLflow. ``stage_ends[k]`` is the global step count at the
+    end of stage k (``schedule.stage_start(stages, k + 1)``)."""
+    run = client.get_run(mlflow_run_id)
+    start = run.info.start_time
+
+    def history(key: str) -> dict[int, tuple[float, int]]:
+        return {m.step: (m.value, m.timestamp) for m in client.get_metric_history(mlflow_run_id, key)}
+
+    episodes, turns, success = history("episodes"), history("turns_per_episode"), history("success_rate")
+    curve = LearningCurve()
+    total = 0.0
+    for step in sorted(set(episodes) & set(turns)):
+        total += episodes[step][0] * turns[step][0]
+        curve.env_steps.append(total)
+        curve.minutes.append((turns[step][1] - start) / 60000)
+        curve.train_success.append(success.get(step, (float("nan"), 0))[0])
+    metrics = run.data.metrics
+    rv = metrics.get("heldout/random-valid/overall/avg_at_1")
+    curve.random_valid = rv
+    for label in ["base", "sft"] + [f"stage-{k}" for k in range(len(stage_ends))]:
+        key = f"heldout/{label}/overall/greedy_at_1"
+        if key not in metrics:
+            continue
+        if label.startswith("stage-"):
+            steps, minutes = curve.steps_at(stage_ends[int(label.split("-")[1])])
+        else:
+            steps, minutes = 0.0, 0.0
+        curve.heldout.append(CurvePoint(label, metrics[key], steps, minutes))
+    return curve
+
+
+def plot(curve: LearningCurve, path: str | Path, title: str) -> Path:
+    """Three panels -- held-out success against RL environment steps and against wall minutes
+    (with the random-valid baseline), and train success per iteration -- saved as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    xs = {"env steps": [p.env_steps for p in curve.heldout], "wall minutes": [p.minutes for p in curve.heldout]}
+    ys = [p.success for p in curve.heldout]
+    for ax, (name, x) in zip(axes[:2], xs.items()):
+        ax.plot(x, ys, marker="o", label="held-out greedy success")
+        for p, xi in zip(curve.heldout, x):
+            ax.annotate(p.label, (xi, p.success), textcoords="offset points", xytext=(3, 4), fontsize=7)
+        if curve.random_valid is not None:
+            ax.axhline(curve.random_valid, color="grey", ls=":", label="random valid action")
+        ax.set_xlabel("RL env steps" if name == "env steps" else "wall minutes since the run started")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"held-out success vs {name}")
+        ax.legend(fontsize=7, loc="lower right")
+    axes[2].plot(curve.env_steps, curve.train_success, color="tab:green")
+    axes[2].set_xlabel("RL env steps")
+    axes[2].set_ylim(0, 1)
+    axes[2].set_title("train success (sampled) per iteration")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
