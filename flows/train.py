@@ -191,6 +191,7 @@ def scaling_inter_rl(
     stages: list[dict[str, Any]] = []
     heldout: dict[str, dict[str, Any]] = {}  # policy label -> held-out result, in table order
     sft = None
+    curve = None  # the learning curve's artifact URI, once a stage was evaluated
     try:
         if config.heldout.enabled:  # the floor and the starting point, before any training
             heldout["random-valid"] = heldout_random_valid(config, parent)
@@ -218,7 +219,7 @@ def scaling_inter_rl(
             if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])
                 heldout[f"stage-{index}"] = heldout_policy(config, parent, f"stage-{index}", ckpt)
-                publish_learning_curve(config, run_id, parent)
+                curve = publish_learning_curve(config, run_id, parent)
         table = publish_comparison(run_id, heldout, tracker.run_link(parent)) if heldout else []
         model = None
         if config.tracking.log_model and stages[-1]["checkpoint"]:
@@ -233,6 +234,7 @@ def scaling_inter_rl(
         "run_id": run_id, "mlflow_run_id": parent, "tracking_uri": config.tracking.tracking_uri,
         "experiment": config.tracking.experiment, "store": f"{config.store.root.rstrip('/')}/{run_id}",
         "resumed_from_step": start_step, "stages": stages, "sft": sft, "heldout": table, "model": model,
+        "learning_curve": curve,
     }
     _summary_artifact(tracker, result)
     return result

@@ -102,7 +102,7 @@ def publish_comparison(run_id: str, results: dict[str, dict[str, Any]], link: st
 def publish_learning_curve(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> str:
     """Draw the run's learning curve so far (held-out success against RL environment steps and
     wall minutes, beside the random-valid baseline) and log it as the pipeline run's artifact
-    ``learning_curve.png``; returns the artifact path. Redrawn after every held-out evaluation."""
+    ``learning_curve.png``; returns its URI. Redrawn after every held-out evaluation."""
     import tempfile
 
     tracker = Tracker.from_config(config.tracking)
@@ -113,4 +113,4 @@ def publish_learning_curve(config: PipelineConfig, run_id: str, parent_mlflow_id
                                    f"run {run_id}: held-out greedy success at horizon {heldout_horizon(config)} "
                                    f"on {sum(len(e.eval_tasks or []) for e in config.envs)} tasks")
         tracker.client.log_artifact(parent_mlflow_id, str(path))
-    return "learning_curve.png"
+    return f"{tracker.client.get_run(parent_mlflow_id).info.artifact_uri}/learning_curve.png"

@@ -11,6 +11,10 @@ the horizon schedule and the RL seed:
     ...  (--seed 1 for a second seed; --env textcraft for TextCraft)
     .venv/bin/python bench/learning/ablation.py report          # table + plots from MLflow
 
+``--env babyai-base`` is the same comparison from the base model, without a warm start (the
+paper's setting; ``configs/ablation/babyai-base.yaml``, the quickstart's RL settings): its runs
+need no ``warmstart`` and each measures its own random-valid and base rows.
+
 Run ids are fixed by (env, schedule, seed), so re-running a killed command resumes it. Runs use
 ``configs/ablation/<env>.yaml``. The warm start is an ``agentgym train`` run with one RL
 iteration (the pipeline has no zero-iteration stage); its held-out table gives the random-valid,
@@ -40,11 +44,15 @@ SCHEDULES = {
     "long": lambda h, n: [{"horizon": h[2], "iterations": n}],
 }
 #: (short, middle, long) horizons; held-out episodes get the long one
-HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20)}
+HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20), "babyai-base": (2, 3, 5)}
 #: held-out evaluation after every stage (True) or after the run's last stage only: a TextCraft
 #: evaluation is 30 tasks x up to 20 turns (6-8 min here), three of them would double a run
-EVERY_STAGE = {"babyai": True, "textcraft": False}
+EVERY_STAGE = {"babyai": True, "textcraft": False, "babyai-base": True}
+#: RL from the base model itself: no warm start, every run evaluates the base model too
+FROM_BASE = {"babyai-base": "smollm2"}
 ITERATIONS = 6
+#: default RL iterations of a run, per environment (divisible by 3)
+DEFAULT_ITERATIONS = {"babyai-base": 24}
 
 
 def tracking_uri() -> str:
@@ -74,10 +82,12 @@ def warmstart_overrides(env: str) -> list[str]:
 
 
 def overrides(env: str, schedule: str, seed: int, iterations: int, warm_start: str) -> list[str]:
-    """One RL run from the warm start ``warm_start`` (a local HF folder)."""
+    """One RL run from the warm start ``warm_start`` (a local HF folder, or for ``FROM_BASE``
+    environments the base model, which the run then evaluates as its base row)."""
     stages = SCHEDULES[schedule](HORIZONS[env], iterations)
+    base = "true" if env in FROM_BASE else "false"
     return _common(env) + [f"schedule.stages={json.dumps(stages)}", f"seed={seed}",
-                           f"model.name_or_path={warm_start}", "sft.enabled=false", "heldout.base=false",
+                           f"model.name_or_path={warm_start}", "sft.enabled=false", f"heldout.base={base}",
                            f"heldout.every_stage={str(EVERY_STAGE[env]).lower()}"]
 
 
@@ -108,12 +118,13 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    folder = warm_start_folder(args.env)
+    iterations = args.iterations or DEFAULT_ITERATIONS.get(args.env, ITERATIONS)
+    folder = FROM_BASE.get(args.env) or warm_start_folder(args.env)
     if folder is None:
         print(f"no finished warm start for {args.env}: run first\n  .venv/bin/python bench/learning/ablation.py "
               f"warmstart --env {args.env}", file=sys.stderr)
         return 2
-    sets = overrides(args.env, args.schedule, args.seed, args.iterations, str(folder))
+    sets = overrides(args.env, args.schedule, args.seed, iterations, str(folder))
     return _train(args.env, run_id(args.env, args.schedule, args.seed), sets + list(args.set or []))
 
 
@@ -127,9 +138,9 @@ def _runs(client, env: str) -> tuple[list[dict], object | None]:
         if rid == warmstart_id(env):
             warm = r
             continue
-        parts = rid.split("-")
-        if len(parts) == 4 and parts[2] in SCHEDULES and r.info.status == "FINISHED":
-            out.append({"run": r, "run_id": rid, "schedule": parts[2], "seed": int(parts[3][1:])})
+        parts = rid.removeprefix(f"ablation-{env}-").split("-")
+        if len(parts) == 2 and parts[0] in SCHEDULES and r.info.status == "FINISHED":
+            out.append({"run": r, "run_id": rid, "schedule": parts[0], "seed": int(parts[1][1:])})
     return out, warm
 
 
@@ -173,16 +184,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         runs, warm = _runs(client, env)
         if not runs and warm is None:
             continue
-        wm = warm.data.metrics if warm is not None else {}
-        sft = wm.get("heldout/sft/overall/greedy_at_1", float("nan"))
+        # the rows before RL: the warm start's run, or (from the base model) any run's own
+        wm = warm.data.metrics if warm is not None else runs[0]["run"].data.metrics
+        start_label = "base" if env in FROM_BASE else "sft"
+        sft = wm.get(f"heldout/{start_label}/overall/greedy_at_1", float("nan"))
         print(f"\n### {env} (held-out greedy success, horizon {horizons[2]})\n")
         print(f"random-valid (mean of seeds) {wm.get('heldout/random-valid/overall/avg_at_1', float('nan')):.3f}, "
-              f"base {wm.get('heldout/base/overall/greedy_at_1', float('nan')):.3f}, after SFT {sft:.3f}\n")
+              f"base {wm.get('heldout/base/overall/greedy_at_1', float('nan')):.3f}"
+              + ("" if env in FROM_BASE else f", after SFT {sft:.3f}") + "\n")
         print("| schedule | horizons | seeds | after RL (mean ± sd) | per seed | env steps | wall min |")
         print("|---|---|---|---|---|---|---|")
         fig, axes = plt.subplots(1, 5, figsize=(25, 4))
         for ax in axes[:2]:
-            ax.axhline(sft, color="grey", ls="--", lw=1, label="after SFT")
+            ax.axhline(sft, color="grey", ls="--", lw=1, label="base" if env in FROM_BASE else "after SFT")
             ax.axhline(wm.get("heldout/random-valid/overall/avg_at_1", float("nan")), color="grey", ls=":",
                        lw=1, label="random valid")
         for schedule in SCHEDULES:
@@ -237,7 +251,8 @@ def main() -> int:
     r.add_argument("--env", choices=sorted(HORIZONS), required=True)
     r.add_argument("--schedule", choices=sorted(SCHEDULES), required=True)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--iterations", type=int, default=ITERATIONS, help="RL iterations in all (divisible by 3)")
+    r.add_argument("--iterations", type=int, default=None,
+                   help=f"RL iterations in all (divisible by 3; default {ITERATIONS}, babyai-base 24)")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     sub.add_parser("report", help="table and plots of the finished runs")
     args = p.parse_args()

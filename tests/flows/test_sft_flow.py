@@ -98,3 +98,4 @@ def test_sft_stage_resumes_after_sigkill(tmp_path, model_cache, tiny_path):
         assert len(hist) == 1, (label, hist)
     # the learning curve, redrawn after each stage's held-out evaluation
     assert "learning_curve.png" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+    assert "learning curve:" in out and "learning_curve.png" in out
