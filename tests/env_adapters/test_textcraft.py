@@ -88,6 +88,23 @@ def test_rendering_snapshot_and_observations(env):
     assert r.reward == 1.0 and r.terminated and r.info["success"] is True
 
 
+def test_inventory_observation_style_shows_what_is_held_each_turn():
+    """``observation_style="inventory"``: AgentGym's observation, then the inventory line the
+    ``inventory`` command prints; the game itself is unchanged (same rewards, same rejections)."""
+    env = TextCraftEnv(observation_style="inventory")
+    obs, _ = env.reset(5)
+    assert obs == SNAPSHOT_TASK5 + "\nInventory: You are not carrying anything."
+    assert act(env, "get 1 ink sac").observation == "Got 1 ink sac\nInventory: [ink sac] (1) "
+    r = act(env, "get 1 black dye")
+    assert r.observation == "Could not find black dye\nInventory: [ink sac] (1) " and r.info["invalid_action"]
+    assert act(env, "inventory").observation == "Inventory: [ink sac] (1) "  # not twice
+    r = act(env, "craft 1 black dye using 1 ink sac")
+    assert r.observation == "Crafted 1 minecraft:black_dye\nInventory: [black dye] (1) "
+    assert r.terminated and r.reward == 1.0
+    with pytest.raises(ValueError, match="observation_style"):
+        TextCraftEnv(observation_style="compact")
+
+
 def test_gold_policy_solves_every_depth1_goal(env):
     """Get each ingredient of a depth-1 recipe, then craft it with the listed command.
 
