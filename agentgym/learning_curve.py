@@ -60,8 +60,7 @@ def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCu
         curve.minutes.append((turns[step][1] - start) / 60000)
         curve.train_success.append(success.get(step, (float("nan"), 0))[0])
     metrics = run.data.metrics
-    rv = metrics.get("heldout/random-valid/overall/avg_at_1")
-    curve.random_valid = rv
+    curve.random_valid = metrics.get("heldout/random-valid/overall/avg_at_1")
     for label in ["base", "sft"] + [f"stage-{k}" for k in range(len(stage_ends))]:
         key = f"heldout/{label}/overall/greedy_at_1"
         if key not in metrics:

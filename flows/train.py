@@ -124,18 +124,19 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
         raise
     tracker.finish_stage(child)
     history = _stage_history(tracker, child)
-    viewer = _viewer(config, run_id, parent_mlflow_id, index)
+    published = _for_readers("trajectory viewer", publish_viewer, config, run_id, parent_mlflow_id, index)
+    viewer = published["uri"] if published else None
     _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
     return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer}
 
 
-def _viewer(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index: int) -> str | None:
-    """Publish the trajectory viewer; a failure to build it is logged, never fails the stage
-    (the training itself is committed by then)."""
+def _for_readers(what: str, publish: Any, *args: Any) -> Any:
+    """Publish something made for people (the trajectory viewer, the learning curve); a failure
+    to build it is logged, never fails the run (the training itself is committed by then)."""
     try:
-        return publish_viewer(config, run_id, parent_mlflow_id, index)["uri"]
+        return publish(*args)
     except Exception as e:  # noqa: BLE001 - a reader's convenience must not fail training
-        get_run_logger().warning("trajectory viewer not published: %s: %s", type(e).__name__, e)
+        get_run_logger().warning("%s not published: %s: %s", what, type(e).__name__, e)
         return None
 
 
@@ -219,7 +220,7 @@ def scaling_inter_rl(
             if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])
                 heldout[f"stage-{index}"] = heldout_policy(config, parent, f"stage-{index}", ckpt)
-                curve = publish_learning_curve(config, run_id, parent)
+                curve = _for_readers("learning curve", publish_learning_curve, config, run_id, parent) or curve
         table = publish_comparison(run_id, heldout, tracker.run_link(parent)) if heldout else []
         model = None
         if config.tracking.log_model and stages[-1]["checkpoint"]:
