@@ -89,8 +89,9 @@ def test_micro_batch_accumulation_is_exact(tiny_path, loss_agg):
 
 
 def _one_step(tr: PolicyTrainer, batch: TrainBatch) -> list[torch.Tensor]:
-    """Train on ``batch`` and return each optimizer step's gradient (one per optimizer: the
-    policy's, and a separate critic's), after checking every step is AdamW's first step of it."""
+    """Train on ``batch`` and return each optimizer step's gradient (the policy's; with a critic
+    also the critic's or the value head's, which ZeRO steps as its own parameter group), after
+    checking every step is AdamW's first step of it."""
     with OptimizerSteps() as steps:
         tr.train_on_batch(batch)
     for record in steps.records:
