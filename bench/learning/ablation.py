@@ -12,11 +12,11 @@ the horizon schedule and the RL seed:
     .venv/bin/python bench/learning/ablation.py report          # table + plots from MLflow
 
 ``--env babyai-base`` is the same comparison from the base model, without a warm start (the
-paper's setting; ``configs/ablation/babyai-base.yaml``, the quickstart's RL settings): its runs
+paper's setting), on ``configs/quickstart.yaml`` itself (its tasks and RL settings): its runs
 need no ``warmstart`` and each measures its own random-valid and base rows.
 
 Run ids are fixed by (env, schedule, seed), so re-running a killed command resumes it. Runs use
-``configs/ablation/<env>.yaml``. The warm start is an ``agentgym train`` run with one RL
+``config_path(env)``: ``configs/ablation/<env>.yaml``, or the quickstart's for babyai-base. The warm start is an ``agentgym train`` run with one RL
 iteration (the pipeline has no zero-iteration stage); its held-out table gives the random-valid,
 base and after-SFT rows at the ablation's held-out horizon, and its SFT checkpoint is the
 ``model.name_or_path`` of every RL run (which then skips SFT and the base evaluation).
@@ -50,9 +50,16 @@ HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20), "babyai-base": (2, 3
 EVERY_STAGE = {"babyai": True, "textcraft": False, "babyai-base": True}
 #: RL from the base model itself: no warm start, every run evaluates the base model too
 FROM_BASE = {"babyai-base": "smollm2"}
+#: environments whose runs use a shipped config instead of configs/ablation/<env>.yaml
+CONFIGS = {"babyai-base": "configs/quickstart.yaml"}
 ITERATIONS = 6
 #: default RL iterations of a run, per environment (divisible by 3)
 DEFAULT_ITERATIONS = {"babyai-base": 24}
+
+
+def config_path(env: str) -> Path:
+    """The config an environment's runs start from (its schedule is replaced per run)."""
+    return ROOT / CONFIGS.get(env, f"configs/ablation/{env}.yaml")
 
 
 def tracking_uri() -> str:
@@ -92,7 +99,7 @@ def overrides(env: str, schedule: str, seed: int, iterations: int, warm_start: s
 
 
 def _train(env: str, rid: str, sets: list[str]) -> int:
-    cfg = ROOT / "configs" / "ablation" / f"{env}.yaml"
+    cfg = config_path(env)
     cmd = [str(Path(sys.executable).parent / "agentgym"), "train", "-c", str(cfg), "--run-id", rid]
     for s in sets:
         cmd += ["--set", s]

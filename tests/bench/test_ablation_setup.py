@@ -16,7 +16,7 @@ import ablation  # noqa: E402
 @pytest.mark.parametrize("env", sorted(ablation.HORIZONS))
 def test_schedules_share_everything_but_the_horizons(env, tmp_path):
     warm = str(tmp_path / "sft")
-    cfgs = {s: load_config(ROOT / "configs" / "ablation" / f"{env}.yaml", ablation.overrides(env, s, 1, ablation.ITERATIONS, warm))
+    cfgs = {s: load_config(ablation.config_path(env), ablation.overrides(env, s, 1, ablation.ITERATIONS, warm))
             for s in ablation.SCHEDULES}
     assert {s: sum(x.iterations for x in c.stages) for s, c in cfgs.items()} == {s: ablation.ITERATIONS for s in cfgs}
     assert [x.horizon for x in cfgs["scaling"].stages] == sorted(x.horizon for x in cfgs["scaling"].stages)
@@ -32,7 +32,7 @@ def test_schedules_share_everything_but_the_horizons(env, tmp_path):
 
 @pytest.mark.parametrize("env", sorted(set(ablation.HORIZONS) - set(ablation.FROM_BASE)))
 def test_the_warm_start_trains_sft_and_measures_the_rows_before_rl(env):
-    cfg = load_config(ROOT / "configs" / "ablation" / f"{env}.yaml", ablation.warmstart_overrides(env))
+    cfg = load_config(ablation.config_path(env), ablation.warmstart_overrides(env))
     assert cfg.sft.enabled and cfg.heldout.enabled and cfg.heldout.base
     assert cfg.heldout.horizon == ablation.HORIZONS[env][2]
     assert sum(s.iterations for s in cfg.stages) == 1
