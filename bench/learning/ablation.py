@@ -22,8 +22,10 @@ base and after-SFT rows at the ablation's held-out horizon, and its SFT checkpoi
 ``model.name_or_path`` of every RL run (which then skips SFT and the base evaluation).
 ``report`` reads MLflow (``sqlite:///mlflow-ablation.db``) and writes
 ``docs/results/ablation-<env>.png`` (held-out success against environment steps and against
-wall time, train reward, turns per episode, format errors and invalid actions) and a Markdown
-table to stdout.
+wall time, train reward, turns per episode, format errors and invalid actions) and Markdown
+tables to stdout: per schedule the final held-out success per seed, and 95 % bootstrap intervals
+of each schedule's mean and of ScalingInter-RL minus each fixed schedule, paired on the held-out
+tasks (``bootstrap.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bootstrap.py beside this script
 TRACKING = "sqlite:///mlflow-ablation.db"
 #: horizon schedules with the same total iterations (``n`` is divisible by 3)
 SCHEDULES = {
@@ -54,7 +57,11 @@ FROM_BASE = {"babyai-base": "smollm2"}
 CONFIGS = {"babyai-base": "configs/quickstart.yaml"}
 ITERATIONS = 6
 #: default RL iterations of a run, per environment (divisible by 3)
-DEFAULT_ITERATIONS = {"babyai-base": 24}
+DEFAULT_ITERATIONS = {"babyai-base": 51}
+#: held-out tasks replacing the config's ``envs.0.eval_tasks`` (None: the config's own). For
+#: babyai-base: the quickstart's 7 GoTo levels at minigrid seeds 100-109, the first 64 (the
+#: quickstart's 32 held-out tasks are the first 32 of them); training uses seeds 0-5.
+EVAL_TASKS = {"babyai-base": [40 * seed + level for seed in range(100, 110) for level in (0, 1, 2, 4, 8, 9, 10)][:64]}
 
 
 def config_path(env: str) -> Path:
@@ -77,8 +84,11 @@ def warmstart_id(env: str) -> str:
 
 
 def _common(env: str) -> list[str]:
-    return [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-ablation-{env}",
+    sets = [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-ablation-{env}",
             f"heldout.horizon={HORIZONS[env][2]}", "heldout.enabled=true"]
+    if env in EVAL_TASKS:
+        sets.append(f"envs.0.eval_tasks={json.dumps(EVAL_TASKS[env])}")
+    return sets
 
 
 def warmstart_overrides(env: str) -> list[str]:
@@ -176,6 +186,43 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
             "wall": (run.info.end_time - run.info.start_time) / 60000 if run.info.end_time else float("nan")}
 
 
+def _final_successes(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict[int, float] | None:
+    """Greedy success per held-out task after the run's last stage (its ``heldout/stage-<last>.json``)."""
+    import tempfile
+
+    last = len(SCHEDULES[schedule](horizons, ITERATIONS)) - 1
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run.info.run_id, f"heldout/stage-{last}.json", tmp)
+        except Exception:  # noqa: BLE001 -- a run finished before per-task reports were logged
+            return None
+        report = json.loads(Path(path).read_text())
+    return {t["task_id"]: t["successes"] / max(t["n"], 1) for t in report["greedy"]["tasks"]}
+
+
+def _interval_rows(per_arm: dict[str, list[dict[int, float]]]) -> list[str]:
+    """Markdown rows: each schedule's mean with its 95 % bootstrap interval, and ScalingInter-RL
+    minus each fixed schedule, paired on the held-out tasks (``bootstrap.py``)."""
+    import numpy as np
+    from bootstrap import mean_interval, paired_difference
+
+    arms = {k: v for k, v in per_arm.items() if v}
+    if not arms:
+        return []
+    tasks = sorted(set.intersection(*(set(d) for runs in arms.values() for d in runs)))
+    mats = {k: np.array([[d[t] for t in tasks] for d in runs]) for k, runs in arms.items()}
+    rows = [f"\n95 % bootstrap intervals over the {len(tasks)} held-out tasks (paired across schedules) "
+            "and the seeds (resampled per schedule):\n", "| | mean | 95 % interval |", "|---|---|---|"]
+    for k, m in mats.items():
+        mean, lo, hi = mean_interval(m)
+        rows.append(f"| {k} ({m.shape[0]} seeds) | {mean:.3f} | [{lo:.3f}, {hi:.3f}] |")
+    for other in ("short", "long"):
+        if "scaling" in mats and other in mats:
+            diff, lo, hi = paired_difference(mats["scaling"], mats[other])
+            rows.append(f"| scaling − {other} | {diff:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
+    return rows
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     import matplotlib
 
@@ -206,12 +253,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             ax.axhline(sft, color="grey", ls="--", lw=1, label="base" if env in FROM_BASE else "after SFT")
             ax.axhline(wm.get("heldout/random-valid/overall/avg_at_1", float("nan")), color="grey", ls=":",
                        lw=1, label="random valid")
+        per_arm: dict[str, list[dict[int, float]]] = {}
         for schedule in SCHEDULES:
             mine = sorted((r for r in runs if r["schedule"] == schedule), key=lambda r: r["seed"])
             if not mine:
                 continue
             finals, steps, walls = [], [], []
             for r in mine:
+                per_task = _final_successes(client, r["run"], schedule, horizons)
+                if per_task:
+                    per_arm.setdefault(schedule, []).append(per_task)
                 c = _curve(client, r["run"], schedule, horizons)
                 lab = f"{schedule} s{r['seed']}"
                 if c["heldout"]:
@@ -233,6 +284,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 (f"{finals[0]:.3f}" if finals else "-")
             print(f"| {schedule} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
                   f"{np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
+        print("\n".join(_interval_rows(per_arm)))
         titles = ("held-out success vs env steps", "held-out success vs wall minutes",
                   "train reward vs env steps", "turns per episode vs iteration",
                   "format-error / invalid-action rate vs iteration")
@@ -259,7 +311,7 @@ def main() -> int:
     r.add_argument("--schedule", choices=sorted(SCHEDULES), required=True)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--iterations", type=int, default=None,
-                   help=f"RL iterations in all (divisible by 3; default {ITERATIONS}, babyai-base 24)")
+                   help=f"RL iterations in all (divisible by 3; default {ITERATIONS}, babyai-base {DEFAULT_ITERATIONS['babyai-base']})")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     sub.add_parser("report", help="table and plots of the finished runs")
     args = p.parse_args()

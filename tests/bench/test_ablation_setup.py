@@ -44,3 +44,18 @@ def test_a_run_without_its_warm_start_says_what_to_run(tmp_path, monkeypatch, ca
     args = type("A", (), {"env": "babyai", "schedule": "short", "seed": 0, "iterations": None, "set": None})
     assert ablation.cmd_run(args) == 2
     assert "ablation.py warmstart --env babyai" in capsys.readouterr().err
+
+
+def test_the_report_pairs_the_schedules_on_the_tasks_all_of_them_evaluated():
+    tasks = range(40)
+    scaling = [{t: float(t < 30) for t in tasks}, {t: float(t < 28) for t in tasks}]
+    short = [{t: float(t < 10) for t in tasks} | {99: 1.0}]  # task 99: only one arm has it, left out
+    rows = ablation._interval_rows({"scaling": scaling, "short": short, "long": []})
+    text = "\n".join(rows)
+    assert "the 40 held-out tasks" in text
+    assert "| scaling (2 seeds) | 0.725 |" in text and "| short (1 seeds) | 0.250 |" in text
+    diff_row = next(r for r in rows if r.startswith("| scaling − short"))
+    diff, interval = diff_row.split("|")[2:4]
+    lo, hi = (float(x) for x in interval.strip(" []").split(","))
+    assert float(diff) == pytest.approx(0.475) and 0 < lo < 0.475 < hi
+    assert not any("long" in r for r in rows)
