@@ -217,11 +217,16 @@ def env_serve(name: str = typer.Argument(..., help="Environment adapter name, e.
               max_body_bytes: int = typer.Option(1 << 20, help="Largest request body; beyond: HTTP 413."),
               request_timeout: float = typer.Option(
                   30, help="Seconds to receive a request's head, and its body; beyond: HTTP 408."),
-              max_connections: int = typer.Option(512, help="Open connections; beyond: HTTP 503.")) -> None:
-    """Expose an in-process environment over the AgentGym HTTP protocol (on 127.0.0.1 unless
-    --host says otherwise: it runs whatever its clients send)."""
+              max_connections: int = typer.Option(512, help="Open connections; beyond: HTTP 503."),
+              dialect: str = typer.Option(
+                  "native", help="Answer in this dialect by default: native (the environment's own "
+                  "AgentGym server's, so AgentGym's clients work unchanged), agentgym, babyai, textcraft, "
+                  "sciworld or deepsearch. A request's X-AgentGym-Dialect header overrides it.")) -> None:
+    """Expose an in-process environment over HTTP as AgentGym's environment servers do (on
+    127.0.0.1 unless --host says otherwise: it runs whatever its clients send)."""
     from env_adapters import ADAPTERS, is_known
     from env_adapters.http_server import serve
+    from env_adapters.http_server_dialects import DIALECTS
 
     if not is_known(name) or name == "http":
         console.print(f"unknown environment {name!r}; serve one of {sorted(set(ADAPTERS) - {'http'})} "
@@ -230,7 +235,10 @@ def env_serve(name: str = typer.Argument(..., help="Environment adapter name, e.
     if not 0 < port < 65536:
         console.print(f"--port {port}: give a TCP port between 1 and 65535", style="red", markup=False)
         raise typer.Exit(2)
-    serve(name, host=host, port=port, max_envs=max_envs, idle_timeout_s=idle_timeout,
+    if dialect != "native" and dialect not in DIALECTS:
+        console.print(f"--dialect {dialect}: choose native or one of {sorted(DIALECTS)}", style="red", markup=False)
+        raise typer.Exit(2)
+    serve(name, host=host, port=port, max_envs=max_envs, idle_timeout_s=idle_timeout, dialect=dialect,
           max_body_bytes=max_body_bytes, request_timeout_s=request_timeout, max_connections=max_connections)
 
 

@@ -44,6 +44,11 @@ What it checks, for every task id:
 * **close** -- ``close()`` twice does not raise, and a make/reset/step/close cycle leaves no
   extra threads, child processes or open file descriptors behind.
 
+For a server of this project (``env_adapters.http_server``),
+:func:`check_server_isolation(url, dialect) <check_server_isolation>` checks that **a request
+cannot change an instance it does not name**: two clients, every route of the dialect, requests
+that name two instances refused with HTTP 400 and the other client's episode unchanged.
+
 It returns a small report (per-step latency, observation sizes) that tests may print.
 """
 
@@ -280,3 +285,103 @@ def check_adapter(name: str, task_ids: list[int] | None = None, horizon: int = 5
     (``package.module:Class``), built with ``kwargs``; task ids 0, 1, 2 unless given."""
     return check_env(lambda: make_env(name, **(kwargs or {})), list(task_ids or [0, 1, 2]),
                      horizon=horizon, truncate_at=truncate_at, check_resources=check_resources)
+
+
+def check_server_isolation(base_url: str, dialect: str, task_ids: tuple[int, int] = (0, 1),
+                           timeout_s: float = 60.0) -> int:
+    """**A request cannot change an instance it does not name**, for one dialect of a server of
+    this project (``env_adapters.http_server``) at ``base_url``.
+
+    Client A creates an instance, resets it to ``task_ids[0]`` and steps once; client B then
+    sends every route of ``dialect`` naming its own instance (create, reset to ``task_ids[1]``,
+    step, observation, the GET extras, close), and for each route requests that name B's
+    instance with the dialect's key while another instance key (``id`` / ``env_idx`` /
+    ``env_id``) carries A's id: those must be HTTP 400, where that key is not the route's task
+    field (Deep Search's ``id`` on ``/reset``, which then names a question). After every request
+    A's record (``GET /detail``: observation, task, steps, reward, done) must be unchanged, and A
+    must still step (or reset, if its first step ended the episode). Returns the number of requests B sent; raises ``AssertionError`` naming the
+    first request that changed A or was not refused.
+    """
+    import httpx
+
+    from env_adapters.http_server_dialects import DIALECT_HEADER, DIALECTS, INSTANCE_KEYS
+
+    d = DIALECTS[dialect]
+    hdr = {DIALECT_HEADER: dialect}
+    generic = {DIALECT_HEADER: "agentgym"}
+    key = d.instance_key
+    with httpx.Client(base_url=base_url, timeout=timeout_s) as http:
+        def post(route: str, body: dict[str, Any]) -> httpx.Response:
+            return http.post(f"/{route}", json=body, headers=hdr)
+
+        def answer(resp: httpx.Response, what: str) -> Any:
+            assert resp.status_code == 200, f"{what}: HTTP {resp.status_code} {resp.text[:200]}"
+            data = resp.json()
+            assert not (isinstance(data, dict) and data.get("error")), f"{what}: {data}"
+            return data
+
+        def created(body: dict[str, Any]) -> int:
+            data = answer(post("create", body), "create")
+            return data if isinstance(data, int) else data["id"]
+
+        def task_body(task: int) -> dict[str, Any]:
+            return {"id": task} if "id" in d.task_keys else {d.task_keys[0]: task}
+
+        def record(env_id: int) -> dict[str, Any]:
+            data = answer(http.get("/detail", params={"id": env_id}, headers=generic), "detail of A")
+            return {k: data[k] for k in ("observation", "task_id", "steps", "reward", "done")}
+
+        def first_action(env_id: int) -> str:
+            acts = answer(http.get("/valid_actions", params={"id": env_id}, headers=generic), "valid_actions")
+            return (acts or [FALLBACK_REPLY])[0]
+
+        a = created(task_body(task_ids[0]) if d.create_task({"id": 0}) is not None else {})
+        answer(post("reset", {key: a, **task_body(task_ids[0])}), "reset of A")
+        answer(post("step", {key: a, "action": first_action(a)}), "step of A")
+        before = record(a)
+        sent = 0
+
+        def unchanged(what: str) -> None:
+            nonlocal sent
+            sent += 1
+            assert record(a) == before, f"{dialect}: {what} changed instance A ({a}), which it did not name"
+
+        b = created(task_body(task_ids[1]) if d.create_task({"id": 0}) is not None else {})
+        unchanged("POST /create")
+        routes: list[tuple[str, str, Callable[[], dict[str, Any]]]] = [
+            ("POST", "reset", lambda: task_body(task_ids[1])),
+            ("POST", "step", lambda: {"action": first_action(b)}),  # B has been reset by now
+            ("GET", "observation", dict), ("GET", "detail", dict), ("GET", "valid_actions", dict),
+            ("GET", "system_prompt", dict),
+        ]
+        for method, route, make_extra in routes:
+            extra = make_extra()
+            for other in INSTANCE_KEYS:
+                if other == key or (other == "id" and route in d.task_id_routes):
+                    continue
+                fields = {key: b, **extra, other: a}  # names B the dialect's way, A another way
+                resp = (post(route, fields) if method == "POST"
+                        else http.get(f"/{route}", params=fields, headers=hdr))
+                assert resp.status_code == 400, (f"{dialect}: {method} /{route} {fields} names two instances; "
+                                                 f"expected HTTP 400, got {resp.status_code} {resp.text[:200]}")
+                unchanged(f"{method} /{route} {fields}")
+            fields = {key: b, **extra}
+            resp = post(route, fields) if method == "POST" else http.get(f"/{route}", params=fields, headers=hdr)
+            answer(resp, f"{method} /{route} of B")
+            unchanged(f"{method} /{route} {fields}")
+        if "id" in d.task_id_routes:  # Deep Search: A's id as B's question index touches B only
+            answer(post("reset", {key: b, "id": a % 1000}), "reset of B to question a % 1000")
+            unchanged(f"POST /reset {{{key!r}: {b}, 'id': {a % 1000}}}")
+        for other in INSTANCE_KEYS:
+            if other != key:
+                resp = post("close", {key: b, other: a})
+                assert resp.status_code == 400, f"{dialect}: POST /close naming two instances got {resp.status_code}"
+                unchanged(f"POST /close {{{key!r}: {b}, {other!r}: {a}}}")
+        answer(post("close", {key: b}), "close of B")
+        unchanged("POST /close of B")
+        if before["done"]:  # A's first step ended its episode: it must still reset
+            answer(post("reset", {key: a, **task_body(task_ids[0])}), "A's next reset")
+        else:
+            answer(post("step", {key: a, "action": first_action(a)}), "A's next step")
+        answer(post("close", {key: a}), "close of A")
+    return sent

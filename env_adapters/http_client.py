@@ -9,7 +9,9 @@ AgentGym servers are not uniform; a *dialect* says how one family talks:
 ============  =======================================================================
 dialect       protocol (what the real server expects / returns)
 ============  =======================================================================
-agentgym      this project's server (``env_adapters.http_server``) and the generic form:
+agentgym      this project's server (``env_adapters.http_server``; every request carries the
+              ``X-AgentGym-Dialect: agentgym`` header, so any of its servers answers in this
+              form whatever its default) and the generic form:
               ``POST /create`` -> ``{"id"}``; ``POST /reset {id, data_idx, seed}`` ->
               ``{"observation", "info", "system_prompt"?}`` (a ``system_prompt`` there
               spares the ``GET /system_prompt``); ``POST /step {id, action}`` ->
@@ -68,6 +70,7 @@ import httpx
 
 from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf8_safe
 from env_adapters.http_pool import ServerPool, pool_for
+from env_adapters.http_server_dialects import DIALECT_HEADER
 from env_adapters.http_transport import new_client
 
 log = logging.getLogger(__name__)
@@ -119,6 +122,10 @@ class Dialect:
     name = "agentgym"
     id_key = "id"  # the key naming the remote instance in bodies and query strings
     sends_raw_reply = True
+    #: headers of every request: this dialect asks a server of this project
+    #: (``env_adapters.http_server``), whose default may be an environment's AgentGym dialect,
+    #: for the ``agentgym`` one; AgentGym's own servers ignore the header
+    headers: dict[str, str] = {DIALECT_HEADER: "agentgym"}
 
     def create_body(self, task_id: int) -> dict[str, Any] | None:
         return {}
@@ -184,6 +191,7 @@ def _after_action_marker(reply: str) -> str:
 
 class TextCraftDialect(Dialect):
     name = "textcraft"
+    headers: dict[str, str] = {}
 
     def create_body(self, task_id: int) -> dict[str, Any] | None:
         return {"commands": None, "goal": None}
@@ -206,6 +214,7 @@ class TextCraftDialect(Dialect):
 
 class BabyAIDialect(Dialect):
     name = "babyai"
+    headers: dict[str, str] = {}
 
     def create_body(self, task_id: int) -> dict[str, Any] | None:
         return None
@@ -252,6 +261,7 @@ class SciWorldDialect(BabyAIDialect):
 
 class DeepSearchDialect(Dialect):
     name = "deepsearch"
+    headers: dict[str, str] = {}
     id_key = "env_idx"
 
     def create_body(self, task_id: int) -> dict[str, Any] | None:
@@ -263,6 +273,7 @@ class DeepSearchDialect(Dialect):
 
 class WebArenaDialect(Dialect):
     name = "webarena"
+    headers: dict[str, str] = {}
     id_key = "env_idx"
 
     def create_body(self, task_id: int) -> dict[str, Any] | None:
@@ -336,7 +347,7 @@ class HTTPEnv(TextEnv):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                kw: dict[str, Any] = {"params": params}
+                kw: dict[str, Any] = {"params": params, "headers": self.dialect.headers}
                 if json is not None:
                     kw["json"] = json
                 resp = self._client.request(method, url, **kw)

@@ -1,7 +1,11 @@
-"""Serve any in-process adapter over the AgentGym HTTP protocol.
+"""Serve any in-process adapter over HTTP, as AgentGym's environment servers do.
 
-``create_app("babyai")`` returns a FastAPI app; :func:`serve` runs it with uvicorn. Routes
-(``id`` may also be spelled ``env_idx``, the task index ``data_idx``/``idx``):
+``create_app("babyai")`` returns a FastAPI app; :func:`serve` runs it with uvicorn. Routes:
+``POST /create``, ``POST /reset``, ``POST /step``, ``GET /observation``, ``POST /close`` with the
+bodies and answers of a *dialect* (``env_adapters.http_server_dialects``): by default the
+environment's own AgentGym server's (so AgentGym's and AgentGym-RL's client classes work
+unchanged), or per request the one named by the ``X-AgentGym-Dialect`` header (this project's
+``HTTPEnv`` sends ``agentgym``). In the ``agentgym`` dialect:
 
 * ``POST /create``                          -> ``{"id": int}``
 * ``POST /reset {id, data_idx, seed?}``     -> ``{"id", "observation", "reward": 0, "done": false, "info",
@@ -12,12 +16,17 @@
   parsed by the adapter
 * ``GET /observation?id=``                  -> the current observation (a JSON string, as in AgentGym)
 * ``POST /close {id}``                      -> ``{"id", "closed": true}``
-* ``GET /health``                           -> ``{"status": "ok", "env", "envs", "max_envs", ...}``
-* ``GET /system_prompt?id=``, ``GET /valid_actions?id=``, ``GET /detail?id=``
+
+In every dialect: ``GET /health`` -> ``{"status": "ok", "env", "dialect", "envs", "max_envs",
+...}``; ``GET /system_prompt``, ``GET /valid_actions``, ``GET /detail`` (the instance named as the
+dialect names it).
 
 Errors follow AgentGym: HTTP 200 with ``{"error": "...", "code": ...}`` (``code`` is one of
 ``bad_request``, ``unknown_id``, ``capacity``, ``env_error``), never a 5xx for an environment
-fault, so a client can tell "the environment failed" from "the server is gone".
+fault, so a client can tell "the environment failed" from "the server is gone". One exception:
+a request that does not name exactly one instance (none, or an instance key its dialect does
+not use beside the one it does) is HTTP 400 and changes nothing: a request cannot change an
+instance it does not name. Instance ids are random integers from a large range, never small task-like numbers.
 
 Concurrency: each environment instance has its own lock (calls on one instance are
 serialised, calls on different instances run in parallel); blocking adapter calls run in the
@@ -39,10 +48,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -63,16 +72,19 @@ from env_adapters.http_limits import (
     BodyLimits,
     head_deadline_protocol,
 )
+from env_adapters.http_server_dialects import (
+    DIALECT_HEADER,
+    EnvRequestError,
+    ServerDialect,
+    default_dialect,
+    int_field,
+    request_dialect,
+)
 
 log = logging.getLogger(__name__)
 
-
-class EnvRequestError(Exception):
-    """A request the pool refuses; ``code`` goes into the error payload."""
-
-    def __init__(self, message: str, code: str):
-        super().__init__(message)
-        self.code = code
+#: instance ids are drawn from [ID_MIN, ID_MAX): far above any task index, within int32
+ID_MIN, ID_MAX = 1_000_000, 2**31 - 1
 
 
 @dataclass
@@ -87,6 +99,13 @@ class _Slot:
     steps: int = 0
     done: bool = False
     created_at: float = field(default_factory=time.time)
+    # what the dialects answer with (http_server_dialects): the last reset's or step's
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    reset_info: dict[str, Any] = field(default_factory=dict)  # the last reset's info
+    system_prompt: str | None = None
+    episode_return: float = 0.0  # the sum of the episode's rewards (BabyAI's "score")
+    previous_score: float = 0.0  # info["score"] before the last step (SciWorld's "reward")
 
 
 def _jsonable(obj: Any, depth: int = 0) -> Any:
@@ -129,7 +148,9 @@ class EnvPool:
         self.idle_timeout_s = idle_timeout_s
         self._slots: dict[int, _Slot] = {}
         self._pending = 0  # creations in progress (count against max_envs)
-        self._ids = itertools.count()
+        # random ids from a large range: a task index or a stale id sent where an instance
+        # belongs names no instance, instead of another client's
+        self._ids = random.Random()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -154,7 +175,9 @@ class EnvPool:
             raise
         with self._lock:
             self._pending -= 1
-            env_id = next(self._ids)
+            env_id = self._ids.randrange(ID_MIN, ID_MAX)
+            while env_id in self._slots:
+                env_id = self._ids.randrange(ID_MIN, ID_MAX)
             self._slots[env_id] = _Slot(env)
         return env_id
 
@@ -249,36 +272,23 @@ class EnvPool:
                     slot.lock.release()
 
 
-def _int_field(body: dict[str, Any], *names: str, default: Any = ...) -> int:
-    for name in names:
-        if name in body and body[name] is not None:
-            value = body[name]
-            if isinstance(value, (int, str)) and not isinstance(value, bool):
-                try:
-                    return int(value)
-                except ValueError:
-                    pass
-            # present but not an integer: an error, never a silent fall back to the default task
-            raise EnvRequestError(f"field {name!r} must be an integer, got {value!r}", "bad_request")
-    if default is not ...:
-        return default
-    raise EnvRequestError(f"missing or non-integer field {names[0]!r}", "bad_request")
-
-
 def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
                env_kwargs: dict | None = None, *, reap_interval_s: float | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S):
+               request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, dialect: str | None = None):
     """A FastAPI app serving adapter ``env_name`` (built with ``make_env(env_name, **env_kwargs)``).
 
-    ``reap_interval_s``: how often the reaper looks for idle instances (default
-    ``min(idle_timeout_s / 4, 30)``). The pool is ``app.state.pool``. ``max_body_bytes`` and
-    ``request_timeout_s`` bound each request's body (413 / 408, see the module doc); the
+    ``dialect``: the default dialect of its answers (``None`` / ``"native"``: the environment's
+    AgentGym one, see ``env_adapters.http_server_dialects``); a request's ``X-AgentGym-Dialect``
+    header overrides it. ``reap_interval_s``: how often the reaper looks for idle instances
+    (default ``min(idle_timeout_s / 4, 30)``). The pool is ``app.state.pool``. ``max_body_bytes``
+    and ``request_timeout_s`` bound each request's body (413 / 408, see the module doc); the
     deadline for request heads is the server's (:func:`uvicorn_options`).
     """
     if env_name not in env_adapters.ADAPTERS:
         raise ValueError(f"unknown environment {env_name!r}; choose one of "
                          f"{sorted(env_adapters.ADAPTERS)}")
+    served = default_dialect(env_name, dialect)
     kwargs = dict(env_kwargs or {})
     interval = reap_interval_s if reap_interval_s is not None else min(idle_timeout_s / 4, 30.0)
     pool = EnvPool(lambda: env_adapters.make_env(env_name, **kwargs), max_envs, idle_timeout_s)
@@ -300,15 +310,17 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
     app.add_middleware(BodyLimits, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s)
     app.state.pool = pool
     app.state.env_name = env_name
+    app.state.dialect = served.name
 
     def error(exc: BaseException) -> JSONResponse:
         if isinstance(exc, EnvRequestError):
-            return JSONResponse({"error": str(exc), "code": exc.code})
+            return JSONResponse({"error": str(exc), "code": exc.code}, status_code=exc.status)
         log.warning("%s env error: %s: %s", env_name, type(exc).__name__, exc)
         return JSONResponse({"error": f"{type(exc).__name__}: {exc}", "code": "env_error"})
 
     def answers_errors(route: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        """Any exception of ``route`` becomes the AgentGym error payload (HTTP 200)."""
+        """Any exception of ``route`` becomes the AgentGym error payload (HTTP 200, or the
+        status an :class:`EnvRequestError` carries)."""
 
         @functools.wraps(route)  # FastAPI reads the route's parameters through __wrapped__
         async def answered(*args: Any, **kwargs: Any) -> Any:
@@ -336,8 +348,21 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
             raise EnvRequestError("request body must be a JSON object", "bad_request")
         return data
 
-    def env_id_of(body: dict[str, Any]) -> int:
-        return _int_field(body, "id", "env_idx", "env_id")
+    def dialect_of(request: Request) -> ServerDialect:
+        return request_dialect(request.headers.get(DIALECT_HEADER), served)
+
+    def reset_slot(slot: _Slot, task_id: int, seed: int) -> None:
+        """Reset ``slot``'s instance (its lock held) and record what every dialect answers with."""
+        obs, info = slot.env.reset(task_id, seed)
+        slot.observation, slot.task_id, slot.seed = obs, task_id, seed
+        slot.steps, slot.done, slot.reward, slot.episode_return = 0, False, 0.0, 0.0
+        slot.info = slot.reset_info = _jsonable(info)
+        slot.previous_score = _score(slot.info)
+        try:  # saves HTTPEnv a GET /system_prompt per episode (one request of 4 + horizon)
+            prompt = slot.env.system_prompt()
+        except Exception:  # noqa: BLE001 - GET /system_prompt reports it, if asked
+            prompt = None
+        slot.system_prompt = prompt if isinstance(prompt, str) else None
 
     @app.get("/")
     async def hello() -> str:
@@ -345,7 +370,7 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "env": env_name, "envs": len(pool), "max_envs": max_envs,
+        return {"status": "ok", "env": env_name, "dialect": served.name, "envs": len(pool), "max_envs": max_envs,
                 "idle_timeout_s": idle_timeout_s, "reaped": pool.reaped,
                 "max_body_bytes": max_body_bytes, "request_timeout_s": request_timeout_s,
                 "protocol": "agentgym"}
@@ -353,40 +378,44 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
     @app.post("/create")
     @answers_errors
     async def create(request: Request):
-        await body_of(request)  # accepted and ignored (AgentGym clients send various)
-        env_id = await run_in_threadpool(pool.create)
-        return {"id": env_id}
+        d = dialect_of(request)
+        body = await body_of(request)  # AgentGym clients send various bodies
+        task_id = d.create_task(body)
+
+        def run() -> Any:
+            env_id = pool.create()
+            try:
+                with pool.use(env_id) as slot:
+                    if task_id is not None:  # TextCraft's and Deep Search's servers start the instance
+                        reset_slot(slot, task_id, 0)
+                    return d.create_answer(env_id, slot)
+            except BaseException:
+                pool.close(env_id)  # the client never learns its id: nobody else would close it
+                raise
+
+        return await run_in_threadpool(run)
 
     @app.post("/reset")
     @answers_errors
     async def reset(request: Request):
+        d = dialect_of(request)
         body = await body_of(request)
-        env_id = env_id_of(body)
-        task_id = _int_field(body, "data_idx", "idx", "task_id", default=0)
-        seed = _int_field(body, "seed", default=0)
+        env_id = d.instance(body, "reset")
+        task_id, seed = d.task(body), d.seed(body)
 
-        def run() -> dict[str, Any]:
+        def run() -> Any:
             with pool.use(env_id) as slot:
-                obs, info = slot.env.reset(task_id, seed)
-                slot.observation, slot.task_id, slot.seed = obs, task_id, seed
-                slot.steps, slot.done = 0, False
-                out = {"id": env_id, "observation": obs, "reward": 0.0, "done": False,
-                       "info": _jsonable(info)}
-                try:  # saves HTTPEnv a GET /system_prompt per episode (one request of 4 + horizon)
-                    prompt = slot.env.system_prompt()
-                except Exception:  # noqa: BLE001 - GET /system_prompt reports it, if asked
-                    prompt = None
-                if isinstance(prompt, str):
-                    out["system_prompt"] = prompt
-                return out
+                reset_slot(slot, task_id, seed)
+                return d.reset_answer(env_id, slot)
 
         return await run_in_threadpool(run)
 
     @app.post("/step")
     @answers_errors
     async def step(request: Request):
+        d = dialect_of(request)
         body = await body_of(request)
-        env_id = env_id_of(body)
+        env_id = d.instance(body, "step")
         action = body.get("action")
         if action is None:
             raise EnvRequestError("missing field 'action'", "bad_request")
@@ -396,37 +425,40 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
         # observation would make the UTF-8 response fail (HTTP 500, an infra error)
         action = utf8_safe(action)
 
-        def run() -> dict[str, Any]:
+        def run() -> Any:
             with pool.use(env_id) as slot:
                 if slot.task_id is None:
                     raise EnvRequestError(f"environment {env_id}: step before reset",
                                           "bad_request")
                 res = slot.env.step(action)
-                slot.observation = res.observation
+                slot.previous_score = _score(slot.info)
+                slot.observation, slot.reward, slot.info = res.observation, float(res.reward), _jsonable(res.info)
+                slot.episode_return += slot.reward
                 slot.steps += 1
                 slot.done = bool(res.terminated or res.truncated)
-                return {"observation": res.observation, "reward": float(res.reward),
-                        "done": slot.done, "terminated": bool(res.terminated),
-                        "truncated": bool(res.truncated), "info": _jsonable(res.info)}
+                return d.step_answer(slot, bool(res.terminated), bool(res.truncated))
 
         return await run_in_threadpool(run)
 
-    def _get(env_id: int, fn: Callable[[_Slot], Any]) -> Any:
+    def _get(request: Request, route: str, fn: Callable[[ServerDialect, _Slot], Any]) -> Any:
+        """``fn(dialect, slot)`` for the instance a GET request names (in its query string)."""
+        d = dialect_of(request)
+        env_id = d.instance(dict(request.query_params), route)
         with pool.use(env_id) as slot:
-            return fn(slot)
+            return fn(d, slot)
 
     @app.get("/observation")
     @answers_errors
-    async def observation(id: int | None = None, env_idx: int | None = None):  # noqa: A002
-        env_id = _int_field({"id": id, "env_idx": env_idx}, "id", "env_idx")
-        return await run_in_threadpool(_get, env_id, lambda s: s.observation)
+    async def observation(request: Request):
+        return await run_in_threadpool(_get, request, "observation", lambda d, s: d.observation_answer(s))
 
     prompt_cache: dict[str, str] = {}
 
     @app.get("/system_prompt")
     @answers_errors
-    async def system_prompt(id: int | None = None):  # noqa: A002
-        if id is None:  # no instance yet: ask a throwaway one (once)
+    async def system_prompt(request: Request):
+        d = dialect_of(request)
+        if request.query_params.get(d.instance_key) is None:  # no instance yet: ask a throwaway one (once)
             def probe() -> str:
                 if "prompt" not in prompt_cache:
                     env = env_adapters.make_env(env_name, **kwargs)
@@ -436,32 +468,45 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
                         env.close()
                 return prompt_cache["prompt"]
             return await run_in_threadpool(probe)
-        return await run_in_threadpool(_get, id, lambda s: s.env.system_prompt())
+        return await run_in_threadpool(_get, request, "system_prompt", lambda d, s: s.env.system_prompt())
 
     @app.get("/valid_actions")
     @answers_errors
-    async def valid_actions(id: int):  # noqa: A002
-        return await run_in_threadpool(_get, id, lambda s: _jsonable(s.env.valid_actions()))
+    async def valid_actions(request: Request):
+        return await run_in_threadpool(_get, request, "valid_actions", lambda d, s: _jsonable(s.env.valid_actions()))
 
     @app.get("/detail")
     @answers_errors
-    async def detail(id: int):  # noqa: A002
-        return await run_in_threadpool(_get, id, lambda s: {
-            "id": id, "observation": s.observation, "task_id": s.task_id, "seed": s.seed,
-            "steps": s.steps, "done": s.done, "created_at": s.created_at})
+    async def detail(request: Request):
+        return await run_in_threadpool(_get, request, "detail", lambda d, s: {
+            "observation": s.observation, "task_id": s.task_id, "seed": s.seed, "steps": s.steps,
+            "done": s.done, "reward": s.reward, "deleted": False, "created_at": s.created_at})
+
+    @app.get("/task_description")
+    @answers_errors
+    async def task_description(request: Request):  # AgentGym's SciWorld server has it
+        return await run_in_threadpool(_get, request, "task_description", lambda d, s: {
+            "task_description": str(s.reset_info.get("task_description") or "")})
 
     @app.post("/close")
     @answers_errors
     async def close(request: Request):
+        d = dialect_of(request)
         body = await body_of(request)
-        env_id = env_id_of(body)
+        env_id = d.instance(body, "close")
         await run_in_threadpool(pool.close, env_id)
-        return {"id": env_id, "closed": True}
+        return d.close_answer(env_id)
 
     return app
 
 
-_APP_KEYS = ("max_envs", "idle_timeout_s", "env_kwargs", "reap_interval_s", "max_body_bytes")
+def _score(info: dict[str, Any]) -> float:
+    """An adapter's running ``info["score"]`` (SciWorld's 0..100), 0 where it reports none."""
+    value = info.get("score", 0)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+_APP_KEYS = ("max_envs", "idle_timeout_s", "env_kwargs", "reap_interval_s", "max_body_bytes", "dialect")
 
 
 def uvicorn_options(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
@@ -476,7 +521,7 @@ def serve(env_name: str, host: str = "127.0.0.1", port: int = 8001, *,
           max_connections: int = DEFAULT_MAX_CONNECTIONS, **kw: Any) -> None:
     """Run the server for ``env_name`` on ``host`` (loopback by default) (blocking). ``kw``:
     :func:`create_app` arguments (``max_envs``, ``idle_timeout_s``, ``env_kwargs``,
-    ``reap_interval_s``, ``max_body_bytes``); the rest go to ``uvicorn.run`` (e.g. ``log_level``)."""
+    ``reap_interval_s``, ``max_body_bytes``, ``dialect``); the rest go to ``uvicorn.run`` (e.g. ``log_level``)."""
     import uvicorn
 
     app_kw = {k: kw.pop(k) for k in _APP_KEYS if k in kw}

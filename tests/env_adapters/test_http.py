@@ -231,8 +231,8 @@ def test_error_payload_is_infra_error_not_reward(counter_registered, start_serve
     # the raw protocol: HTTP 200 with {"error": ...}
     r = httpx.post(f"{srv.url}/step", json={"id": 999, "action": "add 1"})
     assert r.status_code == 200 and r.json()["code"] == "unknown_id" and "error" in r.json()
-    r = httpx.post(f"{srv.url}/step", json={"action": "add 1"})
-    assert r.status_code == 200 and r.json()["code"] == "bad_request"
+    r = httpx.post(f"{srv.url}/step", json={"action": "add 1"})  # names no instance: HTTP 400
+    assert r.status_code == 400 and r.json()["code"] == "bad_request"
     r = httpx.post(f"{srv.url}/reset", content=b"{not json")
     assert r.status_code == 200 and r.json()["code"] == "bad_request"
     # a task id that is not an integer is refused, never replaced by the default task
