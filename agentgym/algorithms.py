@@ -473,7 +473,7 @@ def _turn_group_stats(G: Tensor, tm: Tensor, idx: Tensor, n_groups: int) -> tupl
     return counts[idx], sums[idx], std[idx], gmax[idx] == gmin[idx]
 
 
-TURN_BASELINES = ("outcome", "turn")
+TURN_BASELINES = ("outcome", "turn", "state")
 
 
 def turn_credit_advantages(
@@ -488,6 +488,8 @@ def turn_credit_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
     whiten_eps: float = 1e-8,
+    state_ids: Tensor | None = None,
+    step_advantage_weight: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Turn-level credit: each turn is credited with what it earned from then on.
 
@@ -519,6 +521,22 @@ def turn_credit_advantages(
     * ``reinforce_pp``: ``G_{b,k}`` minus the batch mean of ``G_{.,k}`` (over rows with a turn k),
       broadcast and whitened over all policy tokens of the batch.
 
+    ``baseline="state"`` is GiGPO's (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM
+    Agent Training", verl-agent): ``state_ids`` (B,K) integer ids of the environment state each
+    turn acted in (equal ids = the same state). Within a group, the turns taken from the same
+    state form a *step group* (an episode that comes back to a state adds a second entry), and
+    turn k of row b gets the episode advantage plus ``step_advantage_weight`` (w) times its step
+    advantage:
+
+    * ``grpo``: ``(R_b - mean_g R) / (std_g R + eps) + w (G_{b,k} - mean_s G) / (std_s G + eps)``,
+      ``s`` the step group of (b, k) (``norm_by_std=False``: both without the division);
+    * ``rloo``: ``(R_b - mean_{j != b} R_j) + w (G_{b,k} - mean of the other entries of s)``;
+
+    a group of size 1 or with tied outcomes has episode advantage 0, a step group with one entry
+    or tied returns step advantage 0. ``state_ids`` are compared only within a group (the same id
+    in two groups is two step groups). With ``turn_gamma < 1`` (GiGPO uses 0.95) a success reached
+    sooner from the same state has the larger return. ``reinforce_pp`` does not take it.
+
     ``gae`` is not accepted: put turn rewards on tokens with :func:`place_rewards_on_turn_ends`
     and call :func:`gae_advantages`. Returns ``(advantages, returns)`` (B,T), 0 at masked tokens;
     ``returns`` is ``G`` broadcast.
@@ -536,6 +554,15 @@ def turn_credit_advantages(
             f"estimator {est.value!r} needs group_ids (one id per row; rows of the same task share an id); "
             "pass group_ids=..., or use estimator='reinforce_pp' which needs no groups"
         )
+    if baseline == "state":
+        if est not in (Estimator.GRPO, Estimator.RLOO):
+            raise ValueError(
+                f"turn baseline 'state' (GiGPO) compares episodes within a group: use estimator 'grpo' or "
+                f"'rloo', not {est.value!r}"
+            )
+        if state_ids is None:
+            raise ValueError("turn baseline 'state' needs state_ids=(B,K) integer ids of the state each turn "
+                             "acted in (equal ids = the same state)")
     _check_2d("turn_mask", turn_mask)
     _check_2d("turn_rewards", turn_rewards, turn_mask)
     with torch.no_grad():
@@ -554,6 +581,10 @@ def turn_credit_advantages(
                 return masked_whiten(centred, m, eps=whiten_eps), g_tok
             return masked_whiten(g_tok, m, eps=whiten_eps), g_tok
         idx, n_groups = group_index(group_ids, r.shape[0], r.device)
+        if baseline == "state":
+            a = _state_group_advantages(est, r, G, tm, idx, n_groups, state_ids, step_advantage_weight,
+                                        norm_by_std, eps)
+            return broadcast_turns(a, tm, loss_mask).to(dtype), g_tok
         if baseline == "turn":
             count, total, std, tied = _turn_group_stats(G, tm, idx, n_groups)
             if est is Estimator.GRPO:
@@ -575,6 +606,39 @@ def turn_credit_advantages(
         dead = (tied | (count < 2))[:, None]
         adv = torch.where(m & ~dead, adv, zeros)
     return adv, g_tok
+
+
+def _state_group_advantages(est: Estimator, r: Tensor, G: Tensor, tm: Tensor, idx: Tensor, n_groups: int,
+                            state_ids: Tensor, step_weight: float, norm_by_std: bool, eps: float) -> Tensor:
+    """GiGPO's (B,K) turn advantages: episode advantage + ``step_weight`` x step advantage (see
+    :func:`turn_credit_advantages`, ``baseline="state"``); 0 at turns that do not exist."""
+    _check_2d("state_ids", state_ids, tm)
+    zeros = torch.zeros_like(G)
+    scores = r.sum(dim=1)
+    count, total, std, tied = _group_stats(scores, idx, n_groups)
+    if est is Estimator.GRPO:
+        episode = scores - total / count
+        if norm_by_std:
+            episode = episode / (std + eps)
+    else:
+        episode = scores - (total - scores) / (count - 1).clamp_min(1)
+    episode = torch.where(tied | (count < 2), torch.zeros_like(episode), episode)
+    step = zeros.clone()
+    if tm.any():
+        B, K = G.shape
+        # a step group is (group, state): the same state id in two groups is two step groups
+        pairs = torch.stack([idx[:, None].expand(B, K)[tm], state_ids.to(G.device).long()[tm]], dim=1)
+        cluster, members = torch.unique(pairs, dim=0, return_inverse=True)
+        vals = G[tm]
+        c, t, sd, td = _group_stats(vals, members, cluster.shape[0])
+        if est is Estimator.GRPO:
+            st = vals - t / c
+            if norm_by_std:
+                st = st / (sd + eps)
+        else:
+            st = vals - (t - vals) / (c - 1).clamp_min(1)
+        step[tm] = torch.where(td | (c < 2), torch.zeros_like(st), st)
+    return torch.where(tm, episode[:, None] + step_weight * step, zeros)
 
 
 def compute_advantages(

@@ -342,14 +342,23 @@ class AlgorithmConfig(_Strict):
         description="credit=turn with grpo/rloo/reinforce_pp: discount per TURN (not per token). 1 "
         "gives turn k the reward still to come; lower values favour a turn's near rewards.",
     )
-    turn_baseline: Literal["outcome", "turn"] | None = Field(
+    turn_baseline: Literal["outcome", "turn", "state"] | None = Field(
         None,
         description="credit=turn with grpo/rloo/reinforce_pp: what G_k is compared with (None: turn). turn: "
         "the estimator's statistics of the returns G_k at the same turn index k (grpo/rloo: over the "
         "group's episodes that reached turn k; reinforce_pp: centred per turn index over the batch, "
         "then whitened). outcome: the statistics of the episode outcomes (later turns, whose G_k "
-        "leaves out earlier rewards, then sit below the baseline on average: it learned slower in "
-        "our tests).",
+        "leaves out earlier rewards, then sit below the baseline on average). state (grpo/rloo "
+        "only): GiGPO's step groups: the turns of a group taken from the same environment state "
+        "(the adapter's info['state_key'], else the observation text) are compared with each "
+        "other, and the turn's advantage is the episode's outcome advantage plus "
+        "step_advantage_weight x its deviation within the step group; GiGPO uses turn_gamma 0.95, "
+        "so a success reached sooner from the same state scores higher.",
+    )
+    step_advantage_weight: float = Field(
+        1.0, ge=0,
+        description="turn_baseline=state: the weight of the step advantage added to the episode "
+        "advantage (GiGPO's omega; 0 leaves the episode advantage alone).",
     )
     kl_in_reward: bool = Field(
         False,
@@ -394,6 +403,16 @@ class AlgorithmConfig(_Strict):
             raise ValueError(
                 f"algorithm.turn_baseline={self.turn_baseline} is only used by credit: turn with grpo, "
                 "rloo or reinforce_pp; set credit: turn with one of those, or remove turn_baseline"
+            )
+        if self.turn_baseline == "state" and self.estimator not in (Estimator.GRPO, Estimator.RLOO):
+            raise ValueError(
+                f"algorithm.turn_baseline=state (GiGPO's step groups) compares episodes within a group: "
+                f"set estimator: grpo or rloo (not {self.estimator.value}), or use turn_baseline: turn"
+            )
+        if self.step_advantage_weight != 1.0 and self.turn_baseline != "state":
+            raise ValueError(
+                f"algorithm.step_advantage_weight={self.step_advantage_weight} is only used by "
+                "turn_baseline: state; set turn_baseline: state (with credit: turn), or remove it"
             )
         if self.turn_gamma != 1.0 and (self.credit == "outcome" or gae):
             raise ValueError(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.chat import ChatFormatter
-from agentgym.rollout import record_step
+from agentgym.rollout import record_step, state_key
 from agentgym.types import Episode
 from env_adapters.base import TextEnv
 from env_adapters.experts import Expert
@@ -80,6 +80,7 @@ def play_demo(
     expert.reset(env, obs, info)
     system = system_prompt if system_prompt is not None else env.system_prompt()
     ep.append(formatter.start(system or None, obs), sampled=False)
+    state = state_key(obs, info)
     for turn in range(horizon):
         valid = env.valid_actions() or []
         from_expert = not (noise > 0 and valid and rng.random() < noise)
@@ -96,10 +97,10 @@ def play_demo(
         latency = (time.perf_counter() - t0) * 1000.0
         # the rollout's own bookkeeping: the same rewards, Turn rows and end flags
         if record_step(ep, turn, horizon, obs, reply, res, gen_tokens=len(ids) if from_expert else 0,
-                       latency_ms=latency):
+                       latency_ms=latency, state=state):
             break
         ep.append(formatter.glue(res.observation, formatter.ends_turn(ids)), sampled=False)
-        obs = res.observation
+        obs, state = res.observation, state_key(res.observation, res.info)
     if ep.reward >= 1.0:
         ep.success = True
     ep.validate()

@@ -318,7 +318,8 @@ class PolicySession:
                 adv, ret = A.turn_credit_advantages(
                     algo.estimator, turn_rewards, turn_mask, mask, groups,
                     turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline or "turn",
-                    norm_by_std=algo.norm_adv_by_std,
+                    norm_by_std=algo.norm_adv_by_std, state_ids=self._state_ids(episodes, turn_mask.shape[1]),
+                    step_advantage_weight=algo.step_advantage_weight,
                 )
         else:
             token_rewards = A.place_outcome_reward(rewards, mask) + penalty
@@ -386,6 +387,17 @@ class PolicySession:
                 elif last is not None:
                     r[i, last] += reward
         return r, m
+
+    @staticmethod
+    def _state_ids(episodes: list[Episode], K: int) -> torch.Tensor:
+        """(B, K) ids of the state each turn acted in (its ``Turn.state_key``): equal keys, equal
+        ids; for ``turn_baseline: state`` (GiGPO's step groups, formed within each group)."""
+        ids: dict[str, int] = {}
+        out = torch.zeros(len(episodes), max(K, 1), dtype=torch.long)
+        for i, e in enumerate(episodes):
+            for k, t in enumerate(e.turns):
+                out[i, k] = ids.setdefault(t.state_key, len(ids))
+        return out
 
     # -- 3. update + weight sync -----------------------------------------------------------
     def update(self, ref: IterationRef) -> dict[str, Any]:

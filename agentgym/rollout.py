@@ -87,6 +87,7 @@ class _Live:
     ep: Episode
     env: TextEnv | None
     observation: str = ""
+    state: str = ""  # state_key() of the observation
     done: bool = False
     index: int = 0  # position in the specs
     turn: int = 0  # turns taken so far
@@ -203,10 +204,11 @@ def _start_episodes(pool: ThreadPoolExecutor, formatter: ChatFormatter, specs: l
         if err:
             _fail(lv, err)
             continue
-        env, obs, _ = res
+        env, obs, info = res
         system = settings.system_prompt if settings.system_prompt is not None else env.system_prompt()
         lv.ep.append(formatter.start(system or None, obs), sampled=False)
         lv.observation = obs
+        lv.state = state_key(obs, info)
     return lives
 
 
@@ -264,7 +266,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
             continue
         res, latency = out
         if record_step(lv.ep, turn, settings.horizon, lv.observation, replies[j], res,
-                       gen_tokens=len(samples[j].token_ids), latency_ms=latency):
+                       gen_tokens=len(samples[j].token_ids), latency_ms=latency, state=lv.state):
             lv.done = True
             continue
         glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
@@ -275,6 +277,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
             continue
         lv.ep.append(glue, sampled=False)
         lv.observation = res.observation
+        lv.state = state_key(res.observation, res.info)
 
 
 def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list[int]] | None],
@@ -324,10 +327,21 @@ def checked(res: StepResult) -> StepResult:
     return res
 
 
+def state_key(observation: str, info: dict[str, Any] | None) -> str:
+    """The key of the state an observation shows: the adapter's ``info["state_key"]`` (e.g.
+    BabyAI's grid, pose and carried object), else a digest of the observation text."""
+    key = (info or {}).get("state_key")
+    if isinstance(key, str) and key:
+        return key
+    return "obs:" + hashlib.blake2b(observation.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
 def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: str, res: StepResult, *,
-                gen_tokens: int, latency_ms: float) -> bool:
+                gen_tokens: int, latency_ms: float, state: str | None = None) -> bool:
     """Book one environment step into ``ep`` (reward, ``Turn`` row, success, end flags); returns
-    whether the episode ended (terminated, or truncated by the adapter or the horizon)."""
+    whether the episode ended (terminated, or truncated by the adapter or the horizon).
+    ``state``: the key of the state the reply acted in (:func:`state_key` of ``observation`` and
+    the info that came with it; default: of the observation alone)."""
     truncated = bool(res.truncated) or (turn + 1 == horizon and not res.terminated)
     # Most adapters reward the step; SciWorld-style ones report a running score. Either way the
     # turn records its own increment, so the turns' rewards add up to the episode outcome (what
@@ -343,6 +357,7 @@ def record_step(ep: Episode, turn: int, horizon: int, observation: str, reply: s
         format_error=bool(res.info.get("format_error", False)),
         gen_tokens=gen_tokens, env_latency_ms=latency_ms,
         invalid_action=bool(res.info.get("invalid_action", False)),
+        state_key=state or state_key(observation, None),
     ))
     if res.info.get("success"):
         ep.success = True

@@ -175,6 +175,7 @@ TURNS_SCHEMA = pa.schema(
         _f("gen_tokens", pa.int32()),
         _f("env_latency_ms", pa.float64()),
         _f("invalid_action", pa.bool_()),
+        _f("state_key", pa.string()),
     ]
 )
 
@@ -182,7 +183,7 @@ TURNS_SCHEMA = pa.schema(
 # file written before them reads as (the rest of the schema is unchanged, so old commits stay
 # readable without a rewrite).
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {
-    "turns": {"invalid_action": False},
+    "turns": {"invalid_action": False, "state_key": ""},
 }
 
 ADVANTAGES_SCHEMA = pa.schema(
@@ -576,6 +577,7 @@ class TrajectoryStore:
             "gen_tokens": [t.gen_tokens for _, t in turn_rows],
             "env_latency_ms": [t.env_latency_ms for _, t in turn_rows],
             "invalid_action": [t.invalid_action for _, t in turn_rows],
+            "state_key": [t.state_key for _, t in turn_rows],
         }
         return self._to_table("episodes", ep_cols), self._to_table("turns", tu_cols)
 

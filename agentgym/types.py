@@ -31,6 +31,10 @@ class Turn:
     env_latency_ms: float
     # a well-formed reply naming no available action (the adapter's info["invalid_action"])
     invalid_action: bool = False
+    # the environment state the agent acted in: the adapter's info["state_key"] that came with
+    # the observation, else a digest of the observation text (GiGPO's step groups compare turns
+    # taken from equal states)
+    state_key: str = ""
 
 
 @dataclass

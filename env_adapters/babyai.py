@@ -31,6 +31,8 @@ instead of the server's error. The path search and rendering are otherwise line-
 
 from __future__ import annotations
 
+import hashlib
+
 import re
 from collections import deque
 from typing import Any
@@ -242,7 +244,25 @@ class BabyAIEnv(TextEnv):
     def valid_actions(self) -> list[str] | None:
         return list(self.action_space) if self._ready else None
 
+    def state_key(self) -> str:
+        """The environment state (``info["state_key"]``): a digest of the grid's encoding (objects,
+        colours, door states), the agent's position and direction, and what it carries; equal
+        keys are the same state whatever the observation text says (GiGPO's step groups)."""
+        u = self._env.unwrapped
+        grid = hashlib.blake2b(u.grid.encode().tobytes(), digest_size=12).hexdigest()
+        carrying = f"{u.carrying.color} {u.carrying.type}" if u.carrying is not None else "-"
+        return f"babyai:{grid}:{int(u.agent_pos[0])},{int(u.agent_pos[1])}:{int(u.agent_dir)}:{carrying}"
+
     def reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
+        obs, info = self._reset(task_id, seed)
+        return obs, {**info, "state_key": self.state_key()}
+
+    def step(self, action_text: str) -> StepResult:
+        res = self._step(action_text)
+        res.info["state_key"] = self.state_key()
+        return res
+
+    def _reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
         if task_id < 0 or seed < 0:
             raise ValueError("task_id and seed must be >= 0")
         if self._closed:
@@ -281,7 +301,7 @@ class BabyAIEnv(TextEnv):
         observation = lead + goal + "\n" + description + self._suffix()
         return observation, {**self.task, "mission": goal, "success": False}
 
-    def step(self, action_text: str) -> StepResult:
+    def _step(self, action_text: str) -> StepResult:
         if not self._ready:
             raise RuntimeError("call reset() before step()")
         base = {**self.task, "success": self.done, "invalid_action": False,

@@ -231,7 +231,21 @@ class TextCraftEnv(TextEnv):
         return list(self._plausible) if self._ready else None
 
     # ------------------------------------------------------------------ reset
+    def state_key(self) -> str:
+        """The environment state (``info["state_key"]``): the inventory (the goal and recipes are
+        the task's), so turns that reached the same inventory are the same state."""
+        return "textcraft:" + ";".join(f"{item}={n}" for item, n in sorted(self.inventory.items()))
+
     def reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
+        obs, info = self._reset(task_id, seed)
+        return obs, {**info, "state_key": self.state_key()}
+
+    def step(self, action_text: str) -> StepResult:
+        res = self._step(action_text)
+        res.info["state_key"] = self.state_key()
+        return res
+
+    def _reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
         if task_id < 0 or seed < 0:
             raise ValueError("task_id and seed must be >= 0")
         if self._closed:
@@ -304,7 +318,7 @@ class TextCraftEnv(TextEnv):
         return ["inventory"] + gets + crafts
 
     # ------------------------------------------------------------------ step
-    def step(self, action_text: str) -> StepResult:
+    def _step(self, action_text: str) -> StepResult:
         if not self._ready:
             raise RuntimeError("call reset() before step()")
         base = {**self.task, "success": self.done, "invalid_action": False,

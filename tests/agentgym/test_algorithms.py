@@ -970,3 +970,134 @@ def test_turn_credit_errors_say_how_to_fix():
     k2[3] = 0
     with pytest.raises(ValueError, match="row 3: .* runs of policy tokens"):
         turn_credit_advantages("grpo", r, k2, m, groups)
+
+
+# ---------------------------------------------------------------- GiGPO: step groups by state
+def test_state_baseline_closed_form():
+    """One task, three episodes, turn_gamma 0.9; states: every episode starts in s0; rows 0 and 1
+    both reach s1 at turn 1. Turn rewards: row 0 (0, 0, 1), row 1 (0, 1), row 2 (0, 0, 0).
+    G: row 0 (0.81, 0.9, 1), row 1 (0.9, 1), row 2 (0, 0, 0); R = (1, 1, 0).
+    Episode advantages (grpo): (R - 2/3) / std(R) = (1/3, 1/3, -2/3) / sqrt(1/3).
+    Step group s0: G (0.81, 0.9, 0) -> mean 0.57; s1: G (0.9, 1) -> mean 0.95; the rest are
+    single turns: step advantage 0."""
+    tr = t64([[0, 0, 1], [0, 1, 0], [0, 0, 0]])
+    tm = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    m = torch.tensor([[1, 0, 1, 0, 1], [1, 0, 1, 0, 0], [1, 0, 1, 0, 1]])
+    sid = torch.tensor([[0, 1, 2], [0, 1, 9], [0, 3, 4]])
+    g = ["t"] * 3
+    ep = [1 / 3, 1 / 3, -2 / 3]
+    step = {(0, 0): 0.81 - 0.57, (1, 0): 0.9 - 0.57, (2, 0): 0.0 - 0.57, (0, 1): 0.9 - 0.95, (1, 1): 1 - 0.95}
+
+    def expected(norm: bool, w: float) -> torch.Tensor:
+        sd_ep = statistics.stdev([1, 1, 0]) if norm else 1.0
+        sd = {0: statistics.stdev([0.81, 0.9, 0.0]), 1: statistics.stdev([0.9, 1.0])} if norm else {0: 1.0, 1: 1.0}
+        out = torch.zeros(3, 5, dtype=F64)
+        for b in range(3):
+            for k, t in enumerate([0, 2, 4]):
+                if tm[b, k]:
+                    eps = 1e-6 if norm else 0.0
+                    a = ep[b] / (sd_ep + eps) + w * step.get((b, k), 0.0) / (sd.get(k, 1.0) + eps)
+                    out[b, t] = a
+        return out
+
+    for norm in (True, False):
+        for w in (1.0, 0.5):
+            adv, ret = turn_credit_advantages("grpo", tr, tm, m, g, turn_gamma=0.9, baseline="state",
+                                              state_ids=sid, norm_by_std=norm, step_advantage_weight=w)
+            torch.testing.assert_close(adv, expected(norm, w), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ret, t64([[0.81, 0, 0.9, 0, 1], [0.9, 0, 1, 0, 0], [0, 0, 0, 0, 0]]))
+    # RLOO: episode R_b - mean of the others; step G - mean of the step group's other entries
+    adv, _ = turn_credit_advantages("rloo", tr, tm, m, g, turn_gamma=0.9, baseline="state", state_ids=sid)
+    want = torch.zeros(3, 5, dtype=F64)
+    want[0, 0], want[0, 2], want[0, 4] = 0.5 + 0.81 - 0.45, 0.5 + 0.9 - 1.0, 0.5
+    want[1, 0], want[1, 2] = 0.5 + 0.9 - 0.405, 0.5 + 1.0 - 0.9
+    want[2, 0], want[2, 2], want[2, 4] = -1.0 + 0.0 - 0.855, -1.0, -1.0
+    torch.testing.assert_close(adv, want, rtol=0, atol=1e-9)
+    # weight 0: the outcome advantage, turn by turn
+    adv0, _ = turn_credit_advantages("grpo", tr, tm, m, g, turn_gamma=0.9, baseline="state", state_ids=sid,
+                                     step_advantage_weight=0.0)
+    out, _ = grpo_advantages(place_outcome_reward(t64([1, 1, 0]), m), m, g)
+    torch.testing.assert_close(adv0, out * torch.ones_like(adv0), rtol=0, atol=1e-9)
+
+
+def ref_state_credit(est, turn_rewards, turn_mask, mask, groups, state_ids, gamma, norm=True, w=1.0, eps=1e-6):
+    """Per-row / per-turn loops: GiGPO's episode advantage plus w x the deviation of G within
+    the (group, state) step group, broadcast onto the k-th run."""
+    B = len(mask)
+    G = ref_turn_returns(turn_rewards, turn_mask, gamma)
+    R = [sum(r for r, m in zip(rs, ms) if m) for rs, ms in zip(turn_rewards, turn_mask)]
+    turns = [[k for k, m in enumerate(ms) if m] for ms in turn_mask]
+    members, steps = {}, {}
+    for b, g in enumerate(groups):
+        members.setdefault(g, []).append(b)
+        for k in turns[b]:
+            steps.setdefault((g, state_ids[b][k]), []).append((b, k))
+
+    def deviation(x, pool, others):
+        if len(pool) < 2 or max(pool) == min(pool):
+            return 0.0
+        if est == "grpo":
+            return (x - statistics.mean(pool)) / ((statistics.stdev(pool) + eps) if norm else 1.0)
+        return x - sum(others) / len(others)
+
+    adv = [[0.0] * len(mask[b]) for b in range(B)]
+    for b in range(B):
+        idx = members[groups[b]]
+        episode = deviation(R[b], [R[j] for j in idx], [R[j] for j in idx if j != b])
+        for run, k in zip(ref_runs(mask[b]), turns[b]):
+            entries = steps[(groups[b], state_ids[b][k])]
+            step = deviation(G[b][k], [G[j][q] for j, q in entries],
+                             [G[j][q] for j, q in entries if (j, q) != (b, k)])
+            for t in run:
+                adv[b][t] = episode + w * step
+    return adv
+
+
+def _random_states(tm, seed, n_states=3):
+    """State ids per turn column: few distinct ones, so step groups have several entries (some
+    from one episode, some shared across groups, where they must not mix)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(n_states) for _ in row] for row in tm]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("est", ["grpo", "rloo"])
+def test_state_baseline_matches_reference(seed, est):
+    tr, tm, mask, groups = random_turn_batch(seed)
+    sid = _random_states(tm, seed)
+    gamma = (1.0, 0.9, 0.5)[seed]
+    for norm, w in (((True, 1.0), (False, 0.5)) if est == "grpo" else ((True, 1.0), (True, 2.0))):
+        adv, _ = turn_credit_advantages(est, t64(tr), torch.tensor(tm), torch.tensor(mask), groups, turn_gamma=gamma,
+                                        baseline="state", state_ids=torch.tensor(sid), norm_by_std=norm,
+                                        step_advantage_weight=w)
+        ref = ref_state_credit(est, tr, tm, mask, groups, sid, gamma, norm, w)
+        torch.testing.assert_close(adv, t64(ref), rtol=0, atol=1e-6)
+    assert adv.abs().sum() > 0
+
+
+def test_state_baseline_ignores_env_tokens_padding_turns_and_state_ids_of_padding():
+    tr, tm, mask, groups = random_turn_batch(5)
+    sid = torch.tensor(_random_states(tm, 5))
+    adv, _ = turn_credit_advantages("grpo", t64(tr), torch.tensor(tm), torch.tensor(mask), groups,
+                                    baseline="state", state_ids=sid, turn_gamma=0.9)
+    noisy = torch.where(torch.tensor(tm) == 1, sid, torch.randint(0, 3, sid.shape))  # padding turns' ids vary
+    adv2, _ = turn_credit_advantages("grpo", t64(tr), torch.tensor(tm), torch.tensor(mask), groups,
+                                     baseline="state", state_ids=noisy, turn_gamma=0.9)
+    torch.testing.assert_close(adv2, adv, rtol=0, atol=0)
+    assert adv[torch.tensor(mask) == 0].abs().sum() == 0
+    # the same state ids in another group are another step group: renaming one group's ids changes nothing
+    shifted = sid.clone()
+    rows = [b for b, g in enumerate(groups) if g == groups[5]]
+    shifted[rows] += 100
+    adv3, _ = turn_credit_advantages("grpo", t64(tr), torch.tensor(tm), torch.tensor(mask), groups,
+                                     baseline="state", state_ids=shifted, turn_gamma=0.9)
+    torch.testing.assert_close(adv3, adv, rtol=0, atol=1e-12)
+
+
+def test_state_baseline_errors_say_how_to_fix():
+    tr, tm, mask, groups = random_turn_batch(2)
+    r, k, m = t64(tr), torch.tensor(tm), torch.tensor(mask)
+    with pytest.raises(ValueError, match="use estimator 'grpo' or 'rloo'"):
+        turn_credit_advantages("reinforce_pp", r, k, m, groups, baseline="state", state_ids=torch.zeros_like(k))
+    with pytest.raises(ValueError, match="needs state_ids"):
+        turn_credit_advantages("grpo", r, k, m, groups, baseline="state")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentgym import algorithms as A
+from agentgym import rollout
 from agentgym.config import ConfigError, parse_config
 from agentgym.pipeline import IterationRef, PolicySession
 
@@ -138,7 +139,9 @@ def test_kl_penalty_is_added_to_the_token_rewards(tmp_path, model_cache, recompu
     {"estimator": "rloo", "credit": "turn", "turn_baseline": "turn"},
     {"estimator": "reinforce_pp", "credit": "turn", "kl_coef": 0.2, "kl_in_reward": True},
     {"estimator": "gae", "credit": "turn", "critic": {"model": "shared"}},
-], ids=["grpo", "rloo-turn-baseline", "reinforce_pp-kl", "gae-shared"])
+    {"estimator": "grpo", "credit": "turn", "turn_baseline": "state", "turn_gamma": 0.95,
+     "step_advantage_weight": 0.5},
+], ids=["grpo", "rloo-turn-baseline", "reinforce_pp-kl", "gae-shared", "grpo-state"])
 def test_turn_credit_uses_each_turns_reward(tmp_path, model_cache, monkeypatch, algo):
     multiturn_env.install(monkeypatch)
     cfg = _cfg(tmp_path, model_cache, algo, multi=True)
@@ -160,9 +163,16 @@ def test_turn_credit_uses_each_turns_reward(tmp_path, model_cache, monkeypatch, 
         values = session.trainer.compute(batch, ["values"])["values"]
         want = A.compute_advantages("gae", A.place_rewards_on_turn_ends(turn_r, turn_m, mask), mask, values=values)
     else:
+        # the state each turn acted in: the observation's digest (this env gives no state_key)
+        keys = {}
+        sid = torch.tensor([[keys.setdefault(rollout.state_key(t.observation, None), len(keys)) for t in e.turns]
+                            + [0] * (3 - e.num_turns) for e in session.store.read_episodes(0, 0)])
         want = A.turn_credit_advantages(
             algo["estimator"], turn_r + A.turn_sums(penalty, turn_m, mask), turn_m, mask, groups,
-            turn_gamma=algo.get("turn_gamma", 1.0), baseline=algo.get("turn_baseline", "turn"))
+            turn_gamma=algo.get("turn_gamma", 1.0), baseline=algo.get("turn_baseline", "turn"),
+            state_ids=sid, step_advantage_weight=algo.get("step_advantage_weight", 1.0))
+        if algo.get("turn_baseline") == "state":  # some turns share a state: step groups exist
+            assert len(keys) < int(turn_m.sum())
     _assert_table(episodes, by_id, *want)
     assert session.update(ref)["updated"]
 
@@ -239,6 +249,9 @@ def test_recomputed_old_logprobs_match_the_engine_closely(tmp_path, model_cache)
     ({"estimator": "gae", "critic": {"model": "separate"}, "credit": "turn", "turn_baseline": "turn"},
      r"turn_baseline=turn is only used by credit: turn with grpo, rloo or reinforce_pp"),
     ({"critic": {"model": "value-head"}}, r"algorithm\.critic\.model"),
+    ({"estimator": "reinforce_pp", "credit": "turn", "turn_baseline": "state"},
+     r"turn_baseline=state .* set estimator: grpo or rloo"),
+    ({"credit": "turn", "step_advantage_weight": 0.5}, r"step_advantage_weight=0\.5 is only used by turn_baseline: state"),
     ({"credit": "step"}, r"algorithm\.credit"),
 ])
 def test_invalid_combinations_say_how_to_fix(algo, fix):
@@ -251,6 +264,7 @@ def test_invalid_combinations_say_how_to_fix(algo, fix):
     {"estimator": "gae", "critic": {"model": "shared", "value_clip": None}, "credit": "turn", "kl_coef": 0.1,
      "kl_in_reward": True, "recompute_old_logprobs": True},
     {"estimator": "grpo", "credit": "turn", "turn_gamma": 0.9, "turn_baseline": "turn"},
+    {"estimator": "rloo", "credit": "turn", "turn_gamma": 0.95, "turn_baseline": "state", "step_advantage_weight": 2.0},
     {"estimator": "reinforce_pp", "kl_coef": 0.01, "kl_in_reward": True},
 ])
 def test_valid_combinations_parse(algo):

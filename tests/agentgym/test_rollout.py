@@ -319,3 +319,26 @@ def test_max_live_caps_the_batch_and_streams_episodes_as_they_end(setup):
                                                              max_live=8), make_env)
     assert [x.input_ids for x in a] == [x.input_ids for x in b]
     assert all(x.num_turns == 2 and x.truncated for x in a)
+
+
+def test_each_turn_records_the_state_it_acted_in(setup):
+    """``Turn.state_key`` is the adapter's ``info["state_key"]`` that came with the turn's
+    observation (the reset's for turn 0, the previous step's after), else the observation's
+    digest: replaying the stored actions in a fresh BabyAI gives the same keys."""
+    from agentgym.rollout import state_key
+
+    engine, fmt = setup
+    fmt = ChatFormatter(fmt.tokenizer, "Action:")
+    specs = [EpisodeSpec("babyai", t, 0, f"g{t}", f"b{t}") for t in (0, 40)]
+    settings = RolloutSettings(horizon=4, max_new_tokens=8, stop=["\n"], seed=3, constrain_actions=True)
+    for ep in run_episodes(engine, fmt, specs, settings, make_env):
+        twin = make_env("babyai")
+        _, info = twin.reset(ep.task_id, ep.seed)
+        want = [info["state_key"]]
+        for turn in ep.turns[:-1]:
+            want.append(twin.step(turn.action_text).info["state_key"])
+        assert [t.state_key for t in ep.turns] == want and all(k.startswith("babyai:") for k in want)
+    keyword = run_episodes(engine, fmt, _specs(2), RolloutSettings(horizon=2, max_new_tokens=4, seed=1), make_env)
+    for ep in keyword:  # the keyword env gives no state_key: the observation's digest
+        assert [t.state_key for t in ep.turns] == [state_key(t.observation, None) for t in ep.turns]
+        assert all(t.state_key.startswith("obs:") for t in ep.turns)

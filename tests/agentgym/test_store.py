@@ -519,19 +519,23 @@ def test_an_unwritable_root_fails_the_check_naming_the_setting(tmp_path):
         TrajectoryStore(str(blocker), "w").check_writable()
 
 
-def test_datasets_written_before_a_column_was_added_still_read(store, tmp_path):
-    """Additive schema evolution: a turns file without ``invalid_action`` (written before it
-    existed) reads with its default, False, through read_table and read_episodes."""
+@pytest.mark.parametrize("column,value,default", [("invalid_action", True, False), ("state_key", "babyai:s1", "")])
+def test_datasets_written_before_a_column_was_added_still_read(store, tmp_path, column, value, default):
+    """Additive schema evolution: a turns file without an added column (``invalid_action``,
+    ``state_key``: written before it existed) reads with its default through read_table and
+    read_episodes."""
     import hashlib
 
     from agentgym.store import _combined_digest
 
     eps = [make_episode(i) for i in range(2)]
-    eps[0].turns[1].invalid_action = True
+    setattr(eps[0].turns[1], column, value)
     store.write_episodes(eps, stage=1, iteration=0, global_step=0, policy_version=0)
-    assert store.read_table("turns").invalid_action.tolist() == [False, True, False, False]
+    assert store.read_table("turns")[column].tolist() == [default, value, default, default]
+    assert [getattr(t, column) for e in store.read_episodes(1, 0, turn_text=False) for t in e.turns] == \
+        [default, value, default, default]
     (f,) = shards(tmp_path / "store", "turns")
-    old = pq.read_table(f).drop_columns(["invalid_action"])  # the file as the old writer left it
+    old = pq.read_table(f).drop_columns([column])  # the file as the old writer left it
     pq.write_table(old, f)
     commit = tmp_path / "store" / RUN / "_commits" / "turns" / "1-0.json"
     manifest = json.loads(commit.read_text())
@@ -539,8 +543,8 @@ def test_datasets_written_before_a_column_was_added_still_read(store, tmp_path):
     manifest["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
     manifest["digest"] = _combined_digest(manifest["sha256"])
     commit.write_text(json.dumps(manifest))
-    assert store.read_table("turns").invalid_action.tolist() == [False] * 4
-    assert [t.invalid_action for e in store.read_episodes(1, 0) for t in e.turns] == [False] * 4
+    assert store.read_table("turns")[column].tolist() == [default] * 4
+    assert [getattr(t, column) for e in store.read_episodes(1, 0) for t in e.turns] == [default] * 4
     # a column that was never added later is still an error, not a silent default
     pq.write_table(old.drop_columns(["reward"]), f)
     manifest["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()

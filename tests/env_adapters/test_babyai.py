@@ -365,3 +365,21 @@ def test_compact_says_what_agentgym_says_with_fewer_tokens(task_id):
 def test_unknown_observation_style_names_the_field():
     with pytest.raises(ValueError, match="observation_style"):
         BabyAIEnv(observation_style="terse")
+
+
+def test_state_key_is_the_grid_the_pose_and_what_is_carried(env):
+    """GiGPO's step groups need equal states to have equal keys however they were reached, and
+    different states different keys: turning back is the same state; moving, turning or picking
+    something up is another."""
+    _, info = env.reset(16)
+    start = info["state_key"]
+    left = env.step("Action: turn left").info["state_key"]
+    assert left != start
+    assert env.step("Action: turn right").info["state_key"] == start
+    bad = env.step("Action: fly away")  # an invalid action changes nothing
+    assert bad.info["invalid_action"] and bad.info["state_key"] == start
+    pick = next(a for a in env.valid_actions() if a.startswith("pickup "))
+    carried = env.step(f"Action: {pick}").info["state_key"]
+    assert carried != start and carried.endswith(pick.removeprefix("pickup ").removesuffix(" 1"))
+    assert env.reset(16)[1]["state_key"] == start  # a reset reproduces it
+    assert env.reset(17)[1]["state_key"] != start

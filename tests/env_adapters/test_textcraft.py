@@ -188,3 +188,12 @@ def test_random_valid_action_baseline():
           f"{res['successes']}/{res['episodes']} = {res['success_rate']:.0%}")
     assert res["episodes"] == 125
     assert 0.5 <= res["success_rate"] <= 0.98
+
+
+def test_state_key_is_the_inventory(env):
+    _, info = env.reset(0)
+    assert info["state_key"] == "textcraft:"
+    got = act(env, "get 1 acacia log").info["state_key"]
+    assert got == "textcraft:minecraft:acacia_log=1"
+    assert act(env, "inventory").info["state_key"] == got  # looking changes nothing
+    assert act(env, "get 1 acacia log").info["state_key"] == "textcraft:minecraft:acacia_log=2"
