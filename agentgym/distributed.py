@@ -356,6 +356,16 @@ class ResidentGroup:
         res = self._command("compute", {"batch": self._batch_payload(batch), "what": list(what)})
         return dict(res[0]["tensors"])
 
+    def sft_metrics(self, batch: TrainBatch) -> dict[str, float]:
+        """``PolicyTrainer.sft_metrics`` on every rank (ZeRO-3 gathers are collectives); rank 0's
+        result comes back."""
+        res = self._command("sft_metrics", {"batch": self._batch_payload(batch)})
+        return dict(res[0]["metrics"])
+
+    def advance_lr_schedule(self, steps: int) -> None:
+        """Every rank steps its learning-rate schedule ``steps`` times."""
+        self._command("advance_lr_schedule", {"steps": int(steps)})
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full policy weights (merged with LoRA), gathered by rank 0 and streamed here."""
         got: list[tuple[str, torch.Tensor]] = []

@@ -40,7 +40,8 @@ class RankServer:
             "train": self.train, "train_from_store": self.train_from_store, "compute": self.compute,
             "weights": self.weights, "digest": self.digest,
             "save_hf": self.save_hf, "save_adapter": self.save_adapter, "save_checkpoint": self.save_checkpoint,
-            "load_checkpoint": self.load_checkpoint,
+            "load_checkpoint": self.load_checkpoint, "sft_metrics": self.sft_metrics,
+            "advance_lr_schedule": self.advance_lr_schedule,
         }
 
     # -- commands: msg -> result -----------------------------------------------------------
@@ -65,6 +66,14 @@ class RankServer:
     def compute(self, msg: dict[str, Any]) -> dict[str, Any]:
         got = self.trainer.compute(T.TrainBatch(**msg["batch"]), msg["what"])
         return {"tensors": got if self.rank == 0 else {}}
+
+    def sft_metrics(self, msg: dict[str, Any]) -> dict[str, Any]:
+        got = self.trainer.sft_metrics(T.TrainBatch(**msg["batch"]))
+        return {"metrics": got if self.rank == 0 else {}}
+
+    def advance_lr_schedule(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.trainer.advance_lr_schedule(msg["steps"])
+        return {}
 
     def weights(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Every rank iterates (ZeRO-3 gathers); rank 0 streams each tensor before its reply."""

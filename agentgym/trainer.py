@@ -36,6 +36,14 @@ class Trainer(Protocol):
     def compute(self, batch: TrainBatch, what: list[str] | tuple[str, ...]) -> dict[str, torch.Tensor]:
         """Forward-only ``logprobs`` / ``ref_logprobs`` / ``values`` of a batch, (B, T) each."""
 
+    def sft_metrics(self, batch: TrainBatch) -> dict[str, float]:
+        """``sft_loss`` (token-mean cross-entropy) and ``token_accuracy`` of the batch's loss-mask
+        tokens, dropout off, no gradient: the SFT stage's held-out measure."""
+
+    def advance_lr_schedule(self, steps: int) -> None:
+        """Step the learning-rate schedule ``steps`` times without training: an SFT resumed from
+        weights alone continues its schedule where it was."""
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full policy weights under the base model's names (LoRA merged), for weight sync."""
 

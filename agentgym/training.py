@@ -34,6 +34,7 @@ import math
 import random
 import time
 import types
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -759,6 +760,13 @@ class PolicyTrainer:
             if self.critic_engine is not None:
                 self.critic_engine.train(was_training)
         return {k: torch.cat(v) for k, v in parts.items()}
+
+    def advance_lr_schedule(self, steps: int) -> None:
+        """Step the learning-rate schedule ``steps`` times without training (see ``Trainer``)."""
+        with warnings.catch_warnings():  # no optimizer step before it: that is the point here
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            for _ in range(int(steps)):
+                self.lr_scheduler.step()
 
     @torch.no_grad()
     def sft_metrics(self, batch: TrainBatch) -> dict[str, float]:

@@ -103,8 +103,7 @@ def sft_train(config: PipelineConfig, run_id: str, sft_mlflow_id: str, demos: di
     if resume is not None and trainer_state.is_dir():
         trainer.load_checkpoint(trainer_state)
     elif state.step:  # weights only: the LR schedule continues where it was, AdamW restarts
-        for _ in range(state.step):
-            trainer.lr_scheduler.step()
+        trainer.advance_lr_schedule(state.step)
     t0 = time.perf_counter()
 
     def heldout_metrics(step: int) -> dict[str, float]:

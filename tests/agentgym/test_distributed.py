@@ -200,3 +200,43 @@ def test_launch_helpers(tmp_path):
     assert "--hostfile" in cmd and "--no_local_rank" in cmd and "--module" in cmd
     assert cmd[cmd.index("--module") + 1] == "agentgym.group_worker" and "10.0.0.1:5000" in cmd
     assert not any("key" in c.lower() or "token" in c.lower() for c in cmd)  # the authkey goes by env
+
+
+def test_sft_on_two_ranks_matches_one_process(tmp_path, tiny_path, model_cache):
+    """The SFT stage's trainer calls (``train_epoch``, ``sft_metrics``, ``advance_lr_schedule``
+    after a weights-only resume) through a resident group of 2 ranks give what one process gives:
+    the held-out measure and the learning rate exactly, the trained weights within round-off."""
+    from agentgym import sft as S
+
+    from agentgym.types import Episode
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    rows = _rows(512, n=6, seed=3)
+
+    episodes = [Episode(r["episode_id"], "g", "keyword", 0, 0, 4, input_ids=r["input_ids"], loss_mask=r["loss_mask"],
+                        old_logprobs=[0.0] * len(r["input_ids"])) for r in rows]
+    results = {}
+    for world in (2, 1):
+        cfg = parse_config({
+            "model": {"name_or_path": str(tiny_path), "cache_dir": model_cache},
+            "trainer": {"micro_batch_size": 2, "bf16": False, "world_size": world, "zero_stage": 2},
+            "sft": {"enabled": True, "epochs": 2, "batch_size": 3, "learning_rate": 3e-3, "warmup_steps": 0},
+        })
+        total = S.steps_per_epoch(len(episodes), cfg.sft.batch_size) * cfg.sft.epochs
+        trainer = S.build_trainer(cfg, tiny_path, tok, total)
+        try:
+            assert isinstance(trainer, ResidentGroup if world == 2 else PolicyTrainer)
+            held = S.as_batch(episodes[:2], trainer.pad_id)
+            before = trainer.sft_metrics(held)
+            trainer.advance_lr_schedule(1)  # as a resume after one step from weights alone does
+            logged = []
+            S.train_epoch(trainer, episodes, cfg, 1, 1, lambda s, m: logged.append(m))
+            results[world] = (before, trainer.sft_metrics(held), [m["lr"] for m in logged],
+                              {k: v.detach().clone() for k, v in trainer.named_weights()})
+        finally:
+            trainer.close()
+    (b2, a2, lr2, w2), (b1, a1, lr1, w1) = results[2], results[1]
+    assert b2 == pytest.approx(b1, rel=1e-9) and lr2 == pytest.approx(lr1, rel=1e-12)
+    assert lr1[0] < 3e-3  # the schedule was advanced before the first step: cosine, not its start
+    assert a2["sft_loss"] == pytest.approx(a1["sft_loss"], rel=1e-4) and a1["sft_loss"] < b1["sft_loss"]
+    assert max(float((w2[k] - w1[k]).abs().max()) for k in w1) <= WEIGHT_ATOL
