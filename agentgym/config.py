@@ -184,10 +184,9 @@ class RolloutConfig(_Strict):
         64, ge=1,
         description="Threads stepping environments concurrently: up to this many live episodes "
         "step (and reset) at once, the rest wait for a thread. A thread waiting on an environment "
-        "(a simulator, an HTTP env server) costs no CPU, so it should cover the live episodes: with "
-        "16, 64 episodes of 50 ms steps (horizon 4, in-process) took 1.06-1.12 s, with 64 0.53 s "
-        "(2 cores at load 5.5; the loop and SleepEnv of bench/env_concurrency.py). Only "
-        "min(env_workers, live episodes) threads are made. "
+        "(a simulator, an HTTP env server) costs no CPU, so it should cover the live episodes "
+        "(bench/env_concurrency.py measures the speed-up). Only min(env_workers, live episodes) "
+        "threads are made. "
         "Lower it for environments that cannot take that many concurrent calls.",
     )
     constrain_actions: bool = Field(

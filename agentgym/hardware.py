@@ -1,9 +1,9 @@
 """What the hardware does fast: decides ``dtype: auto`` and ``trainer.bf16: auto``.
 
 bf16 is only fast where the hardware has bf16 arithmetic: a CUDA GPU that supports it, or an x86
-CPU with AVX512-BF16 or AMX. Elsewhere PyTorch emulates it, and it is the slowest choice by far:
-measured on a 2-core AMD EPYC without AVX-512 (2026-12-01), SmolLM2-135M ran a forward pass at
-38 tok/s in bf16 against 271 in fp32, and forward + backward at 5 against 74 tok/s.
+CPU with AVX512-BF16 or AMX. Elsewhere PyTorch emulates it, and it is the slowest choice by far
+(7x slower than fp32 for SmolLM2's forward pass, 15x for forward + backward on a CPU without it:
+docs/results.md, "What the compute costs here").
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 Why: glibc keeps freed memory inside its arenas, and its mmap threshold rises (up to 32 MiB)
 each time a large mmapped block is freed, so after a few frees weight-sized tensors come from
 the arenas too. A vLLM CPU weight update (``VLLMEngine._recreate_with``) frees one engine and its
-state dict and builds another: measured with SmolLM2 in fp32 (docs/reliability.md), RSS after
-each rebuild sat 267 MiB higher without a trim than with one (flat either way: freed memory
-kept for reuse, not a leak).
+state dict and builds another; without a trim the process keeps the freed engine's pages (kept
+for reuse, not a leak: docs/reliability.md has the measured RSS).
 
 A no-op (returns False) where the C library has no ``malloc_trim`` (musl, macOS).
 """

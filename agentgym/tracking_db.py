@@ -4,7 +4,7 @@ Why: when the disk under a SQLite tracking DB is full, every MLflow write (a met
 run) fails with ``MlflowException('(raised as a result of Query-invoked autoflush ...)
 (sqlite3.OperationalError) database or disk is full [SQL: INSERT INTO metrics ...]')``: an
 SQLAlchemy message with the SQL and its parameters, naming neither the file nor the setting
-(measured on a filled tmpfs). SQLite rolls the failed transaction back, so the DB stays readable
+(tests/reliability reproduces it on a filled tmpfs). SQLite rolls the failed transaction back, so the DB stays readable
 and consistent, and a re-run with space resumes; only the message needed fixing.
 
 ``guarded(client, tracking_uri)`` wraps an ``MlflowClient`` so that such a failure of any of its

@@ -1,9 +1,9 @@
 """The HTTP clients of ``HTTPEnv`` and of the server pools' health checks, built cheaply.
 
-Why: ``httpx.Client()`` loads the CA bundle into a fresh SSL context each time, measured at
-36-82 ms of CPU per client on this project's 2-core machine (load 7-9), against 0.26 ms for a
-client given an SSL context built once. An ``HTTPEnv`` (one per episode) built its own client,
-so that was most of an episode's client-side CPU over loopback, where a whole step costs ~2 ms.
+Why: ``httpx.Client()`` loads the CA bundle into a fresh SSL context each time, tens of ms of CPU
+per client against well under a millisecond for a client given an SSL context built once
+(bench/README.md). An ``HTTPEnv`` (one per episode) built its own client, so that was most of an
+episode's client-side CPU over loopback, where a whole step costs a few ms.
 
 Why not one client for the whole process instead: httpcore's connection pool scans every
 connection it holds, under one lock, on every request (``_assign_requests_to_connections``,
