@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +232,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     import numpy as np
     from mlflow.tracking import MlflowClient
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per held-out report
     client = MlflowClient(tracking_uri=tracking_uri())
     out_dir = ROOT / "docs" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -270,8 +272,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                     xs = [0.0] + [h[0] for h in c["heldout"]]
                     ts = [0.0] + [h[1] for h in c["heldout"]]
                     ys = [sft] + [h[2] for h in c["heldout"]]
-                    axes[0].plot(xs, ys, marker="o", label=lab)
-                    axes[1].plot(ts, ys, marker="o", label=lab)
+                    # a one-stage schedule is evaluated once, at its end: a point, not a line from the start
+                    one = len(c["heldout"]) == 1
+                    first, ls = (1, "none") if one else (0, "-")
+                    axes[0].plot(xs[first:], ys[first:], marker="o", ls=ls, label=lab)
+                    axes[1].plot(ts[first:], ys[first:], marker="o", ls=ls, label=lab)
                 steps.append(float(c["steps"][-1]) if len(c["steps"]) else 0.0)
                 walls.append(c["wall"])
                 axes[2].plot(c["steps"], c["reward"], label=lab)
