@@ -9,7 +9,11 @@ the horizon schedule and the RL seed:
     .venv/bin/python bench/learning/ablation.py run --env babyai --schedule short --seed 0
     .venv/bin/python bench/learning/ablation.py run --env babyai --schedule long --seed 0
     ...  (--seed 1 for a second seed; --env textcraft for TextCraft)
+    .venv/bin/python bench/learning/ablation.py run --env babyai-base --schedule scaling --seed 0 --variant gigpo
     .venv/bin/python bench/learning/ablation.py report          # table + plots from MLflow
+
+``--variant gigpo|turn`` runs a schedule with turn-level credit instead of outcome-only GRPO
+(``VARIANTS``); it is its own run and row, compared with its schedule in the report.
 
 ``--env babyai-base`` is the same comparison from the base model, without a warm start (the
 paper's setting), on ``configs/quickstart.yaml`` itself (its tasks and RL settings): its runs
@@ -65,6 +69,15 @@ DEFAULT_ITERATIONS = {"babyai-base": 51}
 EVAL_TASKS = {"babyai-base": [40 * seed + level for seed in range(100, 110) for level in (0, 1, 2, 4, 8, 9, 10)][:64]}
 
 
+#: credit-assignment variants of a schedule (``run --variant``): the same runs with turn-level credit
+#: against the default outcome-only GRPO. gigpo: GiGPO's step groups by environment state
+#: (``turn_baseline: state``, its turn_gamma 0.95); turn: the same-turn-index baseline.
+VARIANTS: dict[str, list[str]] = {
+    "gigpo": ["algorithm.credit=turn", "algorithm.turn_baseline=state", "algorithm.turn_gamma=0.95"],
+    "turn": ["algorithm.credit=turn", "algorithm.turn_baseline=turn"],
+}
+
+
 def config_path(env: str) -> Path:
     """The config an environment's runs start from (its schedule is replaced per run)."""
     return ROOT / CONFIGS.get(env, f"configs/ablation/{env}.yaml")
@@ -76,8 +89,13 @@ def tracking_uri() -> str:
     return f"sqlite:///{path if path.is_absolute() else ROOT / path}"
 
 
-def run_id(env: str, schedule: str, seed: int) -> str:
-    return f"ablation-{env}-{schedule}-s{seed}"
+def run_id(env: str, schedule: str, seed: int, variant: str = "") -> str:
+    return f"ablation-{env}-{schedule}{'_' + variant if variant else ''}-s{seed}"
+
+
+def arm(schedule: str, variant: str = "") -> str:
+    """An arm's label in the report: the schedule, and its credit variant if any."""
+    return f"{schedule} + {variant}" if variant else schedule
 
 
 def warmstart_id(env: str) -> str:
@@ -142,8 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"no finished warm start for {args.env}: run first\n  .venv/bin/python bench/learning/ablation.py "
               f"warmstart --env {args.env}", file=sys.stderr)
         return 2
-    sets = overrides(args.env, args.schedule, args.seed, iterations, str(folder))
-    return _train(args.env, run_id(args.env, args.schedule, args.seed), sets + list(args.set or []))
+    sets = overrides(args.env, args.schedule, args.seed, iterations, str(folder)) + VARIANTS.get(args.variant or "", [])
+    return _train(args.env, run_id(args.env, args.schedule, args.seed, args.variant or ""), sets + list(args.set or []))
 
 
 def _runs(client, env: str) -> tuple[list[dict], object | None]:
@@ -157,8 +175,10 @@ def _runs(client, env: str) -> tuple[list[dict], object | None]:
             warm = r
             continue
         parts = rid.removeprefix(f"ablation-{env}-").split("-")
-        if len(parts) == 2 and parts[0] in SCHEDULES and r.info.status == "FINISHED":
-            out.append({"run": r, "run_id": rid, "schedule": parts[0], "seed": int(parts[1][1:])})
+        schedule, _, variant = parts[0].partition("_")
+        if len(parts) == 2 and schedule in SCHEDULES and variant in ("", *VARIANTS) and r.info.status == "FINISHED":
+            out.append({"run": r, "run_id": rid, "schedule": schedule, "variant": variant,
+                        "seed": int(parts[1][1:])})
     return out, warm
 
 
@@ -217,10 +237,12 @@ def _interval_rows(per_arm: dict[str, list[dict[int, float]]]) -> list[str]:
     for k, m in mats.items():
         mean, lo, hi = mean_interval(m)
         rows.append(f"| {k} ({m.shape[0]} seeds) | {mean:.3f} | [{lo:.3f}, {hi:.3f}] |")
-    for other in ("short", "long"):
-        if "scaling" in mats and other in mats:
-            diff, lo, hi = paired_difference(mats["scaling"], mats[other])
-            rows.append(f"| scaling − {other} | {diff:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
+    pairs = [("scaling", "short"), ("scaling", "long")] + [
+        (k, k.split(" + ")[0]) for k in mats if " + " in k]  # a credit variant against its schedule
+    for a, b in pairs:
+        if a in mats and b in mats:
+            diff, lo, hi = paired_difference(mats[a], mats[b])
+            rows.append(f"| {a} − {b} | {diff:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
     return rows
 
 
@@ -256,17 +278,19 @@ def cmd_report(args: argparse.Namespace) -> int:
             ax.axhline(wm.get("heldout/random-valid/overall/avg_at_1", float("nan")), color="grey", ls=":",
                        lw=1, label="random valid")
         per_arm: dict[str, list[dict[int, float]]] = {}
-        for schedule in SCHEDULES:
-            mine = sorted((r for r in runs if r["schedule"] == schedule), key=lambda r: r["seed"])
+        for schedule, variant in [(s, v) for v in ("", *VARIANTS) for s in SCHEDULES]:
+            mine = sorted((r for r in runs if (r["schedule"], r["variant"]) == (schedule, variant)),
+                          key=lambda r: r["seed"])
             if not mine:
                 continue
+            name = arm(schedule, variant)
             finals, steps, walls = [], [], []
             for r in mine:
                 per_task = _final_successes(client, r["run"], schedule, horizons)
                 if per_task:
-                    per_arm.setdefault(schedule, []).append(per_task)
+                    per_arm.setdefault(name, []).append(per_task)
                 c = _curve(client, r["run"], schedule, horizons)
-                lab = f"{schedule} s{r['seed']}"
+                lab = f"{name} s{r['seed']}"
                 if c["heldout"]:
                     finals.append(c["heldout"][-1][2])
                     xs = [0.0] + [h[0] for h in c["heldout"]]
@@ -287,7 +311,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             sched = " → ".join(str(s["horizon"]) for s in SCHEDULES[schedule](horizons, ITERATIONS))
             spread = f"{np.mean(finals):.3f} ± {np.std(finals):.3f}" if len(finals) > 1 else \
                 (f"{finals[0]:.3f}" if finals else "-")
-            print(f"| {schedule} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
+            print(f"| {name} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
                   f"{np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
         print("\n".join(_interval_rows(per_arm)))
         titles = ("held-out success vs env steps", "held-out success vs wall minutes",
@@ -317,6 +341,8 @@ def main() -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--iterations", type=int, default=None,
                    help=f"RL iterations in all (divisible by 3; default {ITERATIONS}, babyai-base {DEFAULT_ITERATIONS['babyai-base']})")
+    r.add_argument("--variant", choices=sorted(VARIANTS), default=None,
+                   help="a credit-assignment variant of the schedule (its own run id and row in the report)")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     sub.add_parser("report", help="table and plots of the finished runs")
     args = p.parse_args()

@@ -59,3 +59,18 @@ def test_the_report_pairs_the_schedules_on_the_tasks_all_of_them_evaluated():
     lo, hi = (float(x) for x in interval.strip(" []").split(","))
     assert float(diff) == pytest.approx(0.475) and 0 < lo < 0.475 < hi
     assert not any("long" in r for r in rows)
+
+
+@pytest.mark.parametrize("variant", sorted(ablation.VARIANTS))
+def test_a_credit_variant_changes_only_the_credit(variant, tmp_path):
+    base = ablation.overrides("babyai-base", "scaling", 0, 51, "smollm2")
+    plain = load_config(ablation.config_path("babyai-base"), base)
+    varied = load_config(ablation.config_path("babyai-base"), base + ablation.VARIANTS[variant])
+    assert varied.algorithm.credit == "turn" and varied.algorithm.turn_baseline == {"gigpo": "state"}.get(variant, "turn")
+    a, b = plain.model_dump(), varied.model_dump()
+    a.pop("algorithm"), b.pop("algorithm")
+    assert a == b
+    rid = ablation.run_id("babyai-base", "scaling", 0, variant)
+    assert rid not in {ablation.run_id("babyai-base", s, 0) for s in ablation.SCHEDULES}
+    rows = ablation._interval_rows({"scaling": [{0: 1.0, 1: 0.0}], ablation.arm("scaling", variant): [{0: 1.0, 1: 1.0}]})
+    assert any(r.startswith(f"| scaling + {variant} − scaling | +0.500") for r in rows)
