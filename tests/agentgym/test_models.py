@@ -191,10 +191,8 @@ def test_saved_tokenizer_loads_as_built(tiny_chatml):
 
 def test_tiny_model_path_is_cached(tiny_chatml, cache):
     before = (tiny_chatml / "model.safetensors").stat().st_mtime_ns
-    t0 = time.perf_counter()
     assert M.tiny_model_path(cache, "chatml") == tiny_chatml
-    assert time.perf_counter() - t0 < 1.0
-    assert (tiny_chatml / "model.safetensors").stat().st_mtime_ns == before
+    assert (tiny_chatml / "model.safetensors").stat().st_mtime_ns == before  # not rebuilt
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp")]  # no temp leftovers
     with pytest.raises(ValueError, match="chatml"):
         M.tiny_model_path(cache, "nope")
@@ -267,9 +265,9 @@ def test_prepare_smollm2(tmp_path, record_property, capsys):
     t0 = time.perf_counter()
     path = M.prepare_smollm2(tmp_path)
     prepare_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    assert M.prepare_smollm2(tmp_path) == path  # cached
-    assert time.perf_counter() - t0 < 1.0
+    stamps = {f: f.stat().st_mtime_ns for f in path.rglob("*") if f.is_file()}
+    assert M.prepare_smollm2(tmp_path) == path  # cached: nothing is written again
+    assert {f: f.stat().st_mtime_ns for f in path.rglob("*") if f.is_file()} == stamps
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
     size_mb = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 

@@ -108,7 +108,7 @@ class _Slow(TextEnv):
         with _Slow.lock:
             _Slow.active += 1
             _Slow.peak = max(_Slow.peak, _Slow.active)
-        time.sleep(0.2)
+        time.sleep(0.5)  # long enough that all live episodes' steps overlap on a loaded machine
         with _Slow.lock:
             _Slow.active -= 1
         return StepResult("ok", 0.0, False)
@@ -160,12 +160,10 @@ def test_non_finite_reward_is_an_infra_error_never_a_zero(setup):
 def test_env_steps_run_concurrently(setup):
     engine, fmt = setup
     specs = [EpisodeSpec("slow", 0, 0, "g", f"e{i}") for i in range(8)]
-    t0 = time.perf_counter()
+    _Slow.peak = 0
     run_episodes(engine, fmt, specs, RolloutSettings(horizon=2, max_new_tokens=2, env_workers=8),
                  lambda name, **kw: _Slow())
-    elapsed = time.perf_counter() - t0
-    assert _Slow.peak == 8
-    assert elapsed < 8 * 0.2  # serial stepping alone would take 2 turns * 8 * 0.2 s = 3.2 s
+    assert _Slow.peak == 8  # counted, not timed: all 8 episodes' steps were inside the env at once
 
 
 class _Running(TextEnv):
