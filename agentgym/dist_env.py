@@ -1,15 +1,17 @@
 """Process-group plumbing shared by the in-process trainer and the resident group's launcher:
-free ports, the one-rank process group DeepSpeed wants, the environment handed to ranks, and
-the one DeepSpeed monkeypatch (kept here, apart from the trainer, so it is easy to find)."""
+free ports, the one-rank process group DeepSpeed wants (set up without compiling DeepSpeed's
+CPU shared-memory comm op: ``agentgym.patches.deepspeed.skip_shm_comm_build``), and the
+environment handed to ranks."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 from pathlib import Path
 
 import torch
+
+from agentgym.patches.deepspeed import skip_shm_comm_build
 
 # Set by a launcher for its ranks; the driver's own one-rank group must not leak them into children.
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
@@ -20,19 +22,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def skip_shm_comm_build() -> None:
-    """Stop DeepSpeed from compiling its CPU shared-memory comm op (~90 s of C++ the first time).
-
-    It only serves ``inference_all_reduce`` (tensor-parallel inference); training collectives
-    (all-reduce, reduce-scatter, all-gather of ZeRO) go through gloo whether it is built or not,
-    so the compile would cost each fresh machine (and rank) a compiler run and buy training
-    nothing. CUDA machines use NCCL and are left alone.
-    """
-    if not torch.cuda.is_available():
-        # (`deepspeed.comm.torch` as an attribute is the torch package itself: import the module.)
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 def init_single_process_dist() -> None:

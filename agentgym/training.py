@@ -48,6 +48,7 @@ from agentgym.hardware import resolve_bf16
 from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.diskspace import disk_errors
 from agentgym.dist_env import init_single_process_dist
+from agentgym.patches.deepspeed import exclude_frozen_aliases, step_without_bookkeeping
 from agentgym.store import TrajectoryStore
 
 CHECKPOINT_TAG = "ds"  # DeepSpeed's tag (subfolder) inside a checkpoint folder
@@ -370,24 +371,12 @@ class _FiniteWatch:
         """``engine.step()`` inside applies nothing: no AdamW step (weights and moments stay),
         the learning-rate schedule does not advance, DeepSpeed's step counters stay (its
         ``skipped_steps`` counts the step); the gradients are cleared as after any step."""
-        e = self.engine
-        scheduler, steps, samples, skipped = e.lr_scheduler, e.global_steps, e.global_samples, e.skipped_steps
-        e.lr_scheduler = None  # DeepSpeed steps the schedule only when it has one
-        # ZeRO 1/2 and the bf16 optimizer link AdamW's per-parameter state after their first
-        # step; with no state yet that would add empty entries to it: leave it for a real step.
-        opt = e.optimizer
-        unlinked = getattr(opt, "_hp_optimizer_states_linked", None) is False
-        if unlinked:
-            opt._hp_optimizer_states_linked = True
-        self._skip = True
-        try:
-            yield
-        finally:
-            self._skip = False
-            if unlinked:
-                opt._hp_optimizer_states_linked = False
-            e.lr_scheduler = scheduler
-            e.global_steps, e.global_samples, e.skipped_steps = steps, samples, skipped + 1
+        with step_without_bookkeeping(self.engine):  # the DeepSpeed half (agentgym.patches)
+            self._skip = True
+            try:
+                yield
+            finally:
+                self._skip = False
 
 
 class PolicyTrainer:
@@ -508,19 +497,8 @@ class PolicyTrainer:
     def _adapter_only_checkpoints(self) -> None:
         """DeepSpeed's ``exclude_frozen_parameters`` drops frozen parameters by their first name
         only, so a tied alias (lm_head.weight = embed_tokens.weight) stays in LoRA checkpoints;
-        drop every name of a frozen tensor."""
-        engine = self.engine
-        original = engine.module_state_dict
-
-        def module_state_dict(*args, exclude_frozen_parameters=False, **kwargs):
-            sd = original(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
-            if exclude_frozen_parameters:
-                for n, p in engine.module.named_parameters(remove_duplicate=False):
-                    if not p.requires_grad:
-                        sd.pop(n, None)
-            return sd
-
-        engine.module_state_dict = module_state_dict
+        drop every name of a frozen tensor (``agentgym.patches.deepspeed.exclude_frozen_aliases``)."""
+        exclude_frozen_aliases(self.engine)
 
     # -- weights ---------------------------------------------------------------------------
     @property
