@@ -11,7 +11,8 @@ of any size (measured: a client that sent half its headers, or a body shorter th
 * ``head_deadline_protocol``: uvicorn's HTTP/1.1 protocol plus a deadline for each request's
   line and headers (``request_timeout_s`` from the connection's start or the previous response):
   a partial head past it is answered ``408`` and the connection closed; an idle keep-alive
-  connection is closed by uvicorn's own keep-alive timeout, as before.
+  connection is closed by uvicorn's own keep-alive timeout, as before. The protocol class and the
+  503 answer below are patches of uvicorn, in ``agentgym.patches.uvicorn``.
 * ``max_connections`` (uvicorn's ``limit_concurrency``): a request that arrives while the server
   holds ``max_connections`` open connections (its own included) or requests in flight is
   answered ``503`` and its connection closed; the server takes requests again as soon as
@@ -28,8 +29,7 @@ import asyncio
 import json
 from typing import Any
 
-from uvicorn.protocols.http import h11_impl
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from agentgym.patches.uvicorn import answer_refused_requests_with, head_deadline_h11_protocol
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a step's body is a model reply (a few KB at most)
 DEFAULT_REQUEST_TIMEOUT_S = 30.0  # to send a request's head, and again its body
@@ -107,45 +107,6 @@ class BodyLimits:
         await send({"type": "http.response.body", "body": body})
 
 
-class _HeadDeadline(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for every request head (see the module doc)."""
-
-    head_timeout_s = DEFAULT_REQUEST_TIMEOUT_S
-    _head_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_head_deadline()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm_head_deadline()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        super().connection_lost(exc)
-
-    def _arm_head_deadline(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
-
-    def _head_expired(self) -> None:
-        self._head_timer = None
-        if self.transport.is_closing():
-            return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # the head arrived: the request is being served (its body has BodyLimits)
-        partial, _ = self.conn.trailing_data
-        if partial:  # part of a request head and no more within the deadline
-            body = _error_body(f"request head not received within request_timeout_s="
-                               f"{self.head_timeout_s:g}", "timeout")
-            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-        self.transport.close()
-
-
 async def _busy(scope: dict, receive: Any, send: Any) -> None:
     """The 503 answer beyond ``max_connections``, as a protocol error payload."""
     body = _error_body("server busy: it holds max_connections open connections (agentgym env serve "
@@ -156,15 +117,17 @@ async def _busy(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def head_deadline_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> type[H11Protocol]:
-    """The uvicorn ``http`` protocol class enforcing ``request_timeout_s`` on request heads.
+def head_deadline_protocol(request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> type:
+    """The uvicorn ``http`` protocol class enforcing ``request_timeout_s`` on request heads
+    (``agentgym.patches.uvicorn.head_deadline_h11_protocol``; the 408 carries a ``timeout`` error).
 
-    Also makes uvicorn's h11 protocol answer ``max_connections`` refusals with ``_busy``: uvicorn
-    picks the app it runs for a refused request from the module global ``service_unavailable``
-    of ``h11_impl`` (0.54: no hook per server), so that global is replaced, for every h11 server
-    of this process (the body is the only change)."""
-    h11_impl.service_unavailable = _busy
-    return type("HeadDeadlineH11Protocol", (_HeadDeadline,), {"head_timeout_s": float(request_timeout_s)})
+    Also makes uvicorn's h11 protocol answer ``max_connections`` refusals with ``_busy``, for
+    every h11 server of this process (``agentgym.patches.uvicorn.answer_refused_requests_with``:
+    uvicorn has no hook per server; the body is the only change)."""
+    timeout_s = float(request_timeout_s)
+    answer_refused_requests_with(_busy)
+    body = _error_body(f"request head not received within request_timeout_s={timeout_s:g}", "timeout")
+    return head_deadline_h11_protocol(timeout_s, body)
 
 
 __all__ = ["BodyLimits", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_CONNECTIONS",
