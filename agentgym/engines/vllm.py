@@ -22,13 +22,14 @@ vLLM's ``logprobs_mode`` offers ``raw_logprobs`` (``log_softmax(logits)``: no te
 ``-inf`` and the rest renormalised). Neither is the pre-truncation, temperature-scaled
 distribution the HF engine and the trainer use, except in special cases (``processed`` equals it
 when ``top_p == 1``; ``raw`` when ``T == 1``). This engine runs with
-``logprobs_mode="processed_logprobs"`` and patches vLLM's sampler (:func:`patch_vllm_sampler`)
-so that, for requests that use top-k/top-p, the returned log-probs are taken from the logits
-*before* the truncation (after temperature). With the patch the returned value is exactly
-``log_softmax(logits / T)`` for every ``T`` and ``top_p``. The patch touches vLLM internals (V1
-``TopKTopPSampler.forward_native/forward_cpu`` and the V2 model runner's
-``Sampler._sample_random``); if a future vLLM moves them, the patch reports it and the engine
-still gives exact log-probs whenever ``top_p == 1`` (the usual RL setting), and warns otherwise.
+``logprobs_mode="processed_logprobs"`` and patches vLLM's sampler
+(:func:`agentgym.patches.vllm.patch_sampler`) so that, for requests that use top-k/top-p, the
+returned log-probs are taken from the logits *before* the truncation (after temperature). With
+the patch the returned value is exactly ``log_softmax(logits / T)`` for every ``T`` and
+``top_p``. The patch touches vLLM internals (V1 ``TopKTopPSampler.forward_native/forward_cpu``
+and the V2 model runner's ``Sampler._sample_random``); a vLLM outside the versions it was written
+for, or one that moved them, stops the engine's construction with a ``RuntimeError`` saying
+what to check.
 
 Greedy decoding keeps the temperature in the log-probs, as the HF engine does: ``T == 1`` runs
 vLLM's greedy path (``temperature=0``, whose log-probs are ``log_softmax(logits)``); ``T != 1``
@@ -61,7 +62,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import logging
 import os
 import random
 import shutil
@@ -77,6 +77,7 @@ from agentgym import tempdirs
 from agentgym.engines.base import Sample, SamplingParams, check_prompts
 from agentgym.engines.vllm_rules import Piece, generate_with_stop_rule
 from agentgym.heap import release_freed_heap
+from agentgym.patches.vllm import destroy_vllm_groups, keep_default_process_group, patch_sampler
 
 # vLLM reads these when it is imported / the engine is built; set before either (overridable).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -85,80 +86,8 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-log = logging.getLogger(__name__)
-
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-_PATCH_STATE: dict[str, bool] = {}
-
-
-# --------------------------------------------------------------------------------------------
-# The sampler patch: log-probs of the sampling distribution before top-k / top-p truncation
-# --------------------------------------------------------------------------------------------
-
-
-def patch_vllm_sampler() -> dict[str, bool]:
-    """Make ``logprobs_mode="processed_logprobs"`` return ``log_softmax(logits / T)`` taken
-    *before* top-k/top-p truncation (vLLM takes it after). Idempotent; returns which samplers
-    were patched (``{"v1": bool, "v2": bool}``). Requests without top-k/top-p are unaffected
-    (their processed log-probs already are that quantity)."""
-    if _PATCH_STATE:
-        return dict(_PATCH_STATE)
-    state = {"v1": False, "v2": False}
-
-    # V1 model runner (CPU backend, and GPUs where the V2 runner is not used).
-    try:
-        from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
-
-        def wrap_v1(orig):
-            def forward(self, logits, generators, k, p):
-                if self.logprobs_mode != "processed_logprobs" or (k is None and p is None):
-                    return orig(self, logits, generators, k, p)
-                pre = logits.log_softmax(dim=-1, dtype=torch.float32)  # before truncation
-                sampled, _ = orig(self, logits, generators, k, p)  # may edit logits in place
-                return sampled, pre
-
-            forward._agentgym_patched = True  # type: ignore[attr-defined]
-            return forward
-
-        patched_any = False
-        for name in ("forward_native", "forward_cpu"):
-            orig = getattr(TopKTopPSampler, name, None)
-            if orig is None:
-                continue
-            if not getattr(orig, "_agentgym_patched", False):
-                setattr(TopKTopPSampler, name, wrap_v1(orig))
-            patched_any = True
-        state["v1"] = patched_any
-    except Exception as exc:  # pragma: no cover - depends on the vLLM version
-        log.warning("vLLM V1 sampler not patched (%s): log-probs exact only with top_p == 1", exc)
-
-    # V2 model runner (the default on GPUs in recent vLLM).
-    try:
-        from vllm.v1.worker.gpu.sample.sampler import Sampler as SamplerV2
-
-        orig2 = SamplerV2._sample_random
-        if not getattr(orig2, "_agentgym_patched", False):
-
-            def _sample_random(self, processed_logits, expanded_idx_mapping, idx_mapping_np, pos,
-                               top_k, top_p, use_fused_sampler):
-                if self.logprobs_mode != "processed_logprobs" or (top_k is None and top_p is None):
-                    return orig2(self, processed_logits, expanded_idx_mapping, idx_mapping_np, pos,
-                                 top_k, top_p, use_fused_sampler)
-                pre = processed_logits.clone()  # temperature applied, not yet truncated
-                sampled, _ = orig2(self, processed_logits, expanded_idx_mapping, idx_mapping_np,
-                                   pos, top_k, top_p, use_fused_sampler)
-                return sampled, pre
-
-            _sample_random._agentgym_patched = True  # type: ignore[attr-defined]
-            SamplerV2._sample_random = _sample_random
-        state["v2"] = True
-    except Exception as exc:  # pragma: no cover - depends on the vLLM version / platform
-        log.info("vLLM V2 sampler not patched (%s)", exc)
-
-    _PATCH_STATE.update(state)
-    return dict(state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,7 +240,7 @@ class VLLMEngine:
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") not in ("0", "false", "False"):
             warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is on: the pre-top-p log-prob patch and "
                           "in-place weight updates assume an in-process engine core", stacklevel=2)
-        self.sampler_patch = patch_vllm_sampler()
+        self.sampler_patch = patch_sampler()
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
         tokenizer.padding_side = "left"
@@ -353,33 +282,15 @@ class VLLMEngine:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return
-        from vllm.distributed import parallel_state as ps
-
         # An in-process EngineCore's shutdown tears down torch.distributed, the *default*
         # process group included, which a DeepSpeed trainer in this process may be using (and a
         # group vLLM finds already initialised is reused, not its own). Keep the default group:
         # destroy only vLLM's groups; the next engine reuses the default group.
-        orig_destroy = ps.destroy_distributed_environment
-
-        def destroy_vllm_groups_only() -> None:
-            if ps._WORLD is not None:
-                ps._WORLD.destroy()
-                ps._WORLD = None
-            if hasattr(ps, "_NODE_COUNT"):
-                ps._NODE_COUNT = None
-
-        ps.destroy_distributed_environment = destroy_vllm_groups_only
-        try:
+        with keep_default_process_group():
             with contextlib.suppress(Exception):
                 llm.llm_engine.engine_core.shutdown()
-        finally:
-            ps.destroy_distributed_environment = orig_destroy
         del llm
-        with contextlib.suppress(Exception):
-            ps.destroy_model_parallel()
-            if ps._WORLD is not None:
-                ps._WORLD.destroy()
-                ps._WORLD = None
+        destroy_vllm_groups()
         _clear_engine_keyed_caches()
         # vLLM gc.freeze()s everything alive once its engine is up (fewer GC pauses): without an
         # unfreeze, every re-created engine would leave its predecessor in the permanent

