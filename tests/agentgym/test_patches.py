@@ -128,9 +128,7 @@ def test_skip_shm_comm_build_replaces_the_compile_with_none():
     ds_patches.skip_shm_comm_build()  # idempotent
     module = importlib.import_module("deepspeed.comm.torch")
     assert getattr(module.build_shm_op, "_agentgym_patch", False)
-    t0 = time.perf_counter()
-    assert module.build_shm_op() is None  # DeepSpeed's "no shm op": TorchBackend skips it
-    assert time.perf_counter() - t0 < 1.0
+    assert module.build_shm_op() is None  # DeepSpeed's "no shm op": TorchBackend skips it, no compile
 
 
 def test_skip_shm_comm_build_refuses_a_changed_build_shm_op(monkeypatch):
@@ -339,7 +337,7 @@ def _serve(protocol):
                                            log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.02)
@@ -354,18 +352,16 @@ def _read_all(sock: socket.socket) -> bytes:
 
 
 def test_head_deadline_answers_a_stalled_head_408_and_serves_a_whole_one():
-    protocol = uvicorn_patches.head_deadline_h11_protocol(0.3, b'{"code": "timeout"}')
-    assert protocol.head_timeout_s == 0.3
+    protocol = uvicorn_patches.head_deadline_h11_protocol(1.0, b'{"code": "timeout"}')
+    assert protocol.head_timeout_s == 1.0
     server, thread, port = _serve(protocol)
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert _read_all(s).startswith(b"HTTP/1.1 200")
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
             s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # half a head, then nothing
-            reply = _read_all(s)
-            assert time.monotonic() - t0 < 5
+            reply = _read_all(s)  # uvicorn alone would answer nothing and keep the connection
         assert reply.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
         assert b"content-type: application/json\r\n" in reply and reply.endswith(b'\r\n\r\n{"code": "timeout"}')
     finally:
