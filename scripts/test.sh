@@ -17,7 +17,7 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-headless-shell
 fi
 export PYTHONUNBUFFERED=1
 status=0
-.venv/bin/python -m pytest -q -ra --timeout=900 "$@" || status=$?
+.venv/bin/python -m pytest -q -ra --timeout=900 --durations=30 "$@" || status=$?
 if [ "${AGENTGYM_SKIP_VLLM:-0}" != 1 ]; then
   bash scripts/setup_vllm_env.sh
   # Includes the real `vllm serve` module (tests/engines/test_vllm_server.py: one server start,
