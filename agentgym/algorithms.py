@@ -614,30 +614,27 @@ def _state_group_advantages(est: Estimator, r: Tensor, G: Tensor, tm: Tensor, id
     :func:`turn_credit_advantages`, ``baseline="state"``); 0 at turns that do not exist."""
     _check_2d("state_ids", state_ids, tm)
     zeros = torch.zeros_like(G)
-    scores = r.sum(dim=1)
-    count, total, std, tied = _group_stats(scores, idx, n_groups)
-    if est is Estimator.GRPO:
-        episode = scores - total / count
-        if norm_by_std:
-            episode = episode / (std + eps)
-    else:
-        episode = scores - (total - scores) / (count - 1).clamp_min(1)
-    episode = torch.where(tied | (count < 2), torch.zeros_like(episode), episode)
+
+    def deviation(x: Tensor, members: Tensor, n: int) -> Tensor:
+        """x's deviation within its set (grpo: from the mean, / std; rloo: from the others'
+        mean); 0 in sets of one or with tied values."""
+        count, total, std, tied = _group_stats(x, members, n)
+        if est is Estimator.GRPO:
+            d = x - total / count
+            if norm_by_std:
+                d = d / (std + eps)
+        else:
+            d = x - (total - x) / (count - 1).clamp_min(1)
+        return torch.where(tied | (count < 2), torch.zeros_like(d), d)
+
+    episode = deviation(r.sum(dim=1), idx, n_groups)
     step = zeros.clone()
     if tm.any():
         B, K = G.shape
         # a step group is (group, state): the same state id in two groups is two step groups
         pairs = torch.stack([idx[:, None].expand(B, K)[tm], state_ids.to(G.device).long()[tm]], dim=1)
         cluster, members = torch.unique(pairs, dim=0, return_inverse=True)
-        vals = G[tm]
-        c, t, sd, td = _group_stats(vals, members, cluster.shape[0])
-        if est is Estimator.GRPO:
-            st = vals - t / c
-            if norm_by_std:
-                st = st / (sd + eps)
-        else:
-            st = vals - (t - vals) / (c - 1).clamp_min(1)
-        step[tm] = torch.where(td | (c < 2), torch.zeros_like(st), st)
+        step[tm] = deviation(G[tm], members, cluster.shape[0])
     return torch.where(tm, episode[:, None] + step_weight * step, zeros)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from agentgym.patches.minigrid import silence_rejected_samples
-from env_adapters.base import StepResult, TextEnv, format_error
+from env_adapters.base import StateKeyedEnv, StepResult, format_error
 from env_adapters.parsing import parse_action
 
 #: AgentGym's ``all_levels`` (agentenv_babyai/environment.py), 1-based.
@@ -210,7 +210,7 @@ def _compact_description(seen: list[tuple[str, int, int]], barrier: tuple[str, i
     return text + " Carrying " + (f"a {carrying}." if carrying else "nothing.")
 
 
-class BabyAIEnv(TextEnv):
+class BabyAIEnv(StateKeyedEnv):
     """One BabyAI episode at a time, rendered and stepped the AgentGym way."""
 
     name = "babyai"
@@ -253,15 +253,6 @@ class BabyAIEnv(TextEnv):
         grid = hashlib.blake2b(u.grid.encode().tobytes(), digest_size=12).hexdigest()
         carrying = f"{u.carrying.color} {u.carrying.type}" if u.carrying is not None else "-"
         return f"babyai:{grid}:{int(u.agent_pos[0])},{int(u.agent_pos[1])}:{int(u.agent_dir)}:{carrying}"
-
-    def reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
-        obs, info = self._reset(task_id, seed)
-        return obs, {**info, "state_key": self.state_key()}
-
-    def step(self, action_text: str) -> StepResult:
-        res = self._step(action_text)
-        res.info["state_key"] = self.state_key()
-        return res
 
     def _reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
         if task_id < 0 or seed < 0:

@@ -79,6 +79,34 @@ class TextEnv(abc.ABC):
         self.close()
 
 
+class StateKeyedEnv(TextEnv):
+    """A ``TextEnv`` that knows its environment state: ``reset`` and ``step`` put
+    ``info["state_key"] = self.state_key()`` (the state after the call) on what the subclass's
+    ``_reset`` / ``_step`` return. Equal keys are the same state however they were reached
+    (GiGPO's step groups, ``algorithm.turn_baseline: state``)."""
+
+    @abc.abstractmethod
+    def state_key(self) -> str:
+        """The current environment state as a string."""
+
+    @abc.abstractmethod
+    def _reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
+        """``reset`` without the state key."""
+
+    @abc.abstractmethod
+    def _step(self, action_text: str) -> StepResult:
+        """``step`` without the state key."""
+
+    def reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
+        obs, info = self._reset(task_id, seed)
+        return obs, {**info, "state_key": self.state_key()}
+
+    def step(self, action_text: str) -> StepResult:
+        res = self._step(action_text)
+        res.info["state_key"] = self.state_key()
+        return res
+
+
 def format_error(message: str, **info: Any) -> StepResult:
     """The observation returned for a reply the adapter cannot parse: the turn is consumed."""
     return StepResult(

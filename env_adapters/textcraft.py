@@ -54,7 +54,7 @@ import threading
 from typing import Any
 
 from agentgym.patches.textcraft import sorted_recipe_listing
-from env_adapters.base import StepResult, TextEnv, format_error
+from env_adapters.base import StateKeyedEnv, StepResult, format_error
 from env_adapters.parsing import parse_action
 
 MAX_REPLY_CHARS = 2000
@@ -192,7 +192,7 @@ def _normalise(line: str) -> str:
     return "inventory" if action == "look" else action
 
 
-class TextCraftEnv(TextEnv):
+class TextCraftEnv(StateKeyedEnv):
     """One TextCraft episode at a time, with AgentGym's goals, commands and reward."""
 
     name = "textcraft"
@@ -223,15 +223,6 @@ class TextCraftEnv(TextEnv):
         """The environment state (``info["state_key"]``): the inventory (the goal and recipes are
         the task's), so turns that reached the same inventory are the same state."""
         return "textcraft:" + ";".join(f"{item}={n}" for item, n in sorted(self.inventory.items()))
-
-    def reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
-        obs, info = self._reset(task_id, seed)
-        return obs, {**info, "state_key": self.state_key()}
-
-    def step(self, action_text: str) -> StepResult:
-        res = self._step(action_text)
-        res.info["state_key"] = self.state_key()
-        return res
 
     def _reset(self, task_id: int, seed: int = 0) -> tuple[str, dict[str, Any]]:
         if task_id < 0 or seed < 0:
