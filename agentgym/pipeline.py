@@ -318,7 +318,9 @@ class PolicySession:
                 adv, ret = A.turn_credit_advantages(
                     algo.estimator, turn_rewards, turn_mask, mask, groups,
                     turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline or "turn",
-                    norm_by_std=algo.norm_adv_by_std, state_ids=self._state_ids(episodes, turn_mask.shape[1]),
+                    norm_by_std=algo.norm_adv_by_std,
+                    state_ids=(self._state_ids(episodes, turn_mask.shape[1])
+                               if algo.turn_baseline == "state" else None),
                     step_advantage_weight=algo.step_advantage_weight,
                 )
         else:

@@ -26,7 +26,8 @@ Errors follow AgentGym: HTTP 200 with ``{"error": "...", "code": ...}`` (``code`
 fault, so a client can tell "the environment failed" from "the server is gone". One exception:
 a request that does not name exactly one instance (none, or an instance key its dialect does
 not use beside the one it does) is HTTP 400 and changes nothing: a request cannot change an
-instance it does not name. Instance ids are random integers from a large range, never small task-like numbers.
+instance it does not name. Instance ids are random integers from a large range, never small
+task-like numbers.
 
 Concurrency: each environment instance has its own lock (calls on one instance are
 serialised, calls on different instances run in parallel); blocking adapter calls run in the
@@ -77,7 +78,6 @@ from env_adapters.http_server_dialects import (
     EnvRequestError,
     ServerDialect,
     default_dialect,
-    int_field,
     request_dialect,
 )
 
