@@ -228,7 +228,7 @@ class PolicySession:
             return {"rows": existing.rows, "digest": existing.digest, "reused": True, **episode_metrics(eps)}
         t0 = time.perf_counter()
         tokens_before = self.engine.generated_tokens
-        gen_before = getattr(self.engine, "generate_seconds", 0.0)
+        gen_before = self.engine.generate_seconds
         store_s = 0.0  # staging episodes to the store as they end (the commit is timed apart)
         summaries: list[EpisodeSummary] = []
         draws = 0
@@ -259,7 +259,7 @@ class PolicySession:
             t_commit = time.perf_counter()
             manifest = writer.commit()
             commit_s = time.perf_counter() - t_commit
-        generate_s = getattr(self.engine, "generate_seconds", 0.0) - gen_before
+        generate_s = self.engine.generate_seconds - gen_before
         return {
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
@@ -459,7 +459,7 @@ class PolicySession:
     def sync_weights(self) -> None:
         """Hand the trainer's current policy to the inference engine: merged full weights, or
         (vllm_server) the LoRA adapter, which the engine's servers load from a shared folder."""
-        if getattr(self.engine, "syncs_adapters", False):
+        if self.engine.syncs_adapters:
             self.engine.update_adapter(self.trainer.save_adapter)
         else:
             self.engine.update_weights(self.trainer.named_weights())

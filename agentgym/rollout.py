@@ -293,8 +293,8 @@ def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list
         for j, sample in zip(free, got):
             out[j] = sample
     if chosen:
-        got = engine.choose([fits[j].ep.input_ids for j in chosen], [choices[j] for j in chosen],  # type: ignore[attr-defined]
-                            params, cache_keys=[fits[j].ep.episode_id for j in chosen])
+        got = engine.choose([fits[j].ep.input_ids for j in chosen], [choices[j] for j in chosen], params,
+                            cache_keys=[fits[j].ep.episode_id for j in chosen])
         for j, sample in zip(chosen, got):
             out[j] = sample
     return out

@@ -5,6 +5,8 @@ class NoCacheEngine:
     """Subclass and define ``generate``; release, weight updates and close do nothing here."""
 
     generated_tokens = 0
+    generate_seconds = 0.0
+    syncs_adapters = False
 
     def release(self, keys):
         list(keys)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -42,6 +43,20 @@ def check_prompts(prompts: list[list[int]], cache_keys: list[str] | None) -> Non
 
 
 class InferenceEngine(Protocol):
+    """What the rollout and the pipeline use of an engine; every engine implements all of it.
+
+    An engine that cannot do an operation for its backend (``choose`` on vLLM, ``update_weights``
+    on ``vllm_server``) raises ``NotImplementedError`` naming the setting to change; the config
+    checks (``RolloutConfig``) refuse those combinations before an engine is built.
+    """
+
+    #: wall seconds spent inside ``generate`` / ``choose`` since the engine was built (the
+    #: pipeline's ``time/generate_s`` is the difference across one rollout)
+    generate_seconds: float
+    #: True: the policy reaches this engine as a LoRA adapter (``update_adapter``), not as
+    #: merged weights (``update_weights``)
+    syncs_adapters: bool
+
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  cache_keys: list[str] | None = None) -> list[Sample]:
         """Generate one reply per prompt (prompts are token ids, no padding).
@@ -50,11 +65,20 @@ class InferenceEngine(Protocol):
         that the conversation's next, longer prompt only prefills the new tokens.
         """
 
+    def choose(self, prompts: list[list[int]], choices: list[list[list[int]]], params: SamplingParams,
+               cache_keys: list[str] | None = None) -> list[Sample]:
+        """For each prompt, one of its candidate replies ``choices[i]`` drawn by the policy's
+        likelihood (``rollout.constrain_actions``); ``params.greedy``: the most likely one."""
+
     def release(self, keys: Iterable[str]) -> None:
         """Drop any state kept for the conversations ``keys``."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new policy weights before the next rollout."""
+        """Load new policy weights before the next rollout (engines with ``syncs_adapters`` false)."""
+
+    def update_adapter(self, save: Callable[[Path], Any]) -> str:
+        """``save(folder)`` writes the policy's LoRA adapter; the engine serves it from the next
+        request on and returns its name (engines with ``syncs_adapters`` true)."""
 
     def close(self) -> None:
         """Release the engine."""

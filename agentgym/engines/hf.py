@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -194,9 +196,15 @@ class HFEngine:
         params = inspect.signature(type(model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
+    #: the policy arrives as merged weights (``update_weights``)
+    syncs_adapters = False
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def update_adapter(self, save: Callable[[Path], Any]) -> str:
+        raise NotImplementedError("the hf engine takes merged weights (update_weights), not LoRA adapters")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())

@@ -67,7 +67,7 @@ import random
 import shutil
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +396,18 @@ class VLLMEngine:
                 raise KeyError(f"update_weights: unknown parameter {name!r}")
             out.append((name, t))
         return out
+
+    def choose(self, prompts: list[list[int]], choices: list[list[list[int]]], params: SamplingParams,
+               cache_keys: list[str] | None = None) -> list[Sample]:
+        raise NotImplementedError("rollout.constrain_actions is implemented by the hf engine only; set "
+                                  "rollout.engine: hf or rollout.constrain_actions: false")
+
+    #: the policy arrives as merged weights (``update_weights``)
+    syncs_adapters = False
+
+    def update_adapter(self, save: Callable[[Path], Any]) -> str:
+        raise NotImplementedError("the vllm engine takes merged weights (update_weights); LoRA adapters "
+                                  "are synced by rollout.engine: vllm_server")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights (HF parameter names) before the next rollout."""

@@ -110,6 +110,7 @@ class VLLMServerEngine:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         self.generated_tokens = 0
+        self.generate_seconds = 0.0  # wall time inside generate (the pipeline's timing metrics)
         self.prefilled_tokens = 0  # prompt tokens sent (the server's prefix cache is not visible here)
         self.weights_version = 0
         self.served_by: dict[str, int] = {s.url: 0 for s in self.pool.servers}  # answered completions
@@ -225,9 +226,18 @@ class VLLMServerEngine:
             with ThreadPoolExecutor(max_workers=min(len(batch), self.max_concurrency)) as ex:
                 return list(ex.map(self._complete, batch, fields))
 
-        samples = generate_with_stop_rule(prompts, params, self.tokenizer, run)
+        t0 = time.perf_counter()
+        try:
+            samples = generate_with_stop_rule(prompts, params, self.tokenizer, run)
+        finally:
+            self.generate_seconds += time.perf_counter() - t0
         self.generated_tokens += sum(len(s.token_ids) for s in samples)
         return samples
+
+    def choose(self, prompts: list[list[int]], choices: list[list[list[int]]], params: SamplingParams,
+               cache_keys: list[str] | None = None) -> list[Sample]:
+        raise NotImplementedError("rollout.constrain_actions is implemented by the hf engine only; set "
+                                  "rollout.engine: hf or rollout.constrain_actions: false")
 
     def release(self, keys: Iterable[str]) -> None:
         """Nothing to drop: the servers' prefix caches are content-addressed."""
