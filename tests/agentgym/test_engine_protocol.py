@@ -11,7 +11,7 @@ from agentgym.engines.base import InferenceEngine
 from agentgym.engines.hf import HFEngine
 from agentgym.engines.vllm import VLLMEngine
 from agentgym.engines.vllm_server import VLLMServerEngine
-from tests.scripted_engine import NoCacheEngine
+from scripted_engine import NoCacheEngine  # tests/ is on sys.path
 
 METHODS = sorted(n for n, v in vars(InferenceEngine).items() if inspect.isfunction(v) and not n.startswith("_"))
 ATTRIBUTES = sorted(InferenceEngine.__annotations__)
