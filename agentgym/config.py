@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentgym.context import ContextPolicy
 from env_adapters import ADAPTERS, is_known  # the name table only; adapters load on first use
 
 
@@ -170,6 +171,18 @@ class RolloutConfig(_Strict):
     max_context_tokens: int = Field(
         4096, ge=64, description="An episode whose next prompt would exceed this is truncated."
     )
+    context_policy: ContextPolicy = Field(
+        ContextPolicy.TRUNCATE,
+        description="What the policy sees once a conversation grows long. truncate: the whole "
+        "conversation; the episode ends when the next prompt would exceed max_context_tokens. window: "
+        "the system prompt, the first observation and the last context_window turns. summary: the "
+        "system prompt, the environment's state summary from before the kept turns "
+        "(TextEnv.context_summary: BabyAI, TextCraft) and the last context_window turns. With window "
+        "and summary every turn is trained under exactly the context it was sampled under (the "
+        "episode stores each new context as a segment: Episode.context_starts).",
+    )
+    context_window: int = Field(
+        4, ge=1, description="Turns kept whole by context_policy window and summary.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs use it too).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     response_prefix: str = Field(

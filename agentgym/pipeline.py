@@ -23,6 +23,7 @@ import torch
 from agentgym import algorithms as A
 from agentgym.chat import ChatFormatter
 from agentgym.config import Estimator, PipelineConfig
+from agentgym.context import merge_segments, split_rows
 from agentgym.engines import engine_for
 from agentgym.models import resolve_model
 from agentgym.rollout import EpisodeSpec, RolloutSettings, iter_episodes
@@ -302,7 +303,7 @@ class PolicySession:
             need.append("ref_logprobs")
             if algo.recompute_old_logprobs:  # the update recomputes them the same way (same policy)
                 need.append("logprobs")
-        computed = self.trainer.compute(batch, need) if need else {}
+        computed = self._compute(episodes, batch, need) if need else {}
         penalty = torch.zeros_like(mask)
         if algo.kl_in_reward:
             old_lp = computed.get("logprobs", batch.old_logprobs)
@@ -362,12 +363,26 @@ class PolicySession:
             **extra,
         }
 
+    def _compute(self, episodes: list[Episode], batch: TrainBatch, need: list[str]) -> dict[str, torch.Tensor]:
+        """The trainer's per-token ``need`` (values, log-probs) on the episode layout of ``batch``:
+        an episode with several context segments is computed one segment per row, as trained."""
+        if not any(e.context_starts for e in episodes):
+            return self.trainer.compute(batch, need)
+        rows = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask, "old_logprobs": e.old_logprobs,
+                 "advantages": [0.0] * len(e.input_ids), "context_starts": e.context_starts} for e in episodes]
+        seg_rows, spans = split_rows(rows)
+        got = self.trainer.compute(TrainBatch.from_rows(seg_rows, self._pad_id()), need)
+        shape = tuple(batch.input_ids.shape)
+        return {k: merge_segments(v, spans, shape) for k, v in got.items()}
+
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
     def _episode_batch(self, episodes: list[Episode]) -> TrainBatch:
         """The episodes as a padded ``TrainBatch`` (advantages 0), for the trainer's forwards."""
         rows = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask, "old_logprobs": e.old_logprobs,
                  "advantages": [0.0] * len(e.input_ids)} for e in episodes]
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return TrainBatch.from_rows(rows, pad)
+        return TrainBatch.from_rows(rows, self._pad_id())
 
     @staticmethod
     def _turn_rewards(episodes: list[Episode], invalid_action_penalty: float = 0.0
@@ -426,7 +441,8 @@ class PolicySession:
                 skipped += 1
                 continue
             row = {"episode_id": e.episode_id, "input_ids": e.input_ids, "loss_mask": e.loss_mask,
-                   "old_logprobs": e.old_logprobs, "advantages": advantages}
+                   "old_logprobs": e.old_logprobs, "advantages": advantages,
+                   "context_starts": e.context_starts}
             if critic:
                 row["returns"] = list(rec.returns)
                 row["old_values"] = old_values.get(e.episode_id) if old_values else None

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.chat import ChatFormatter
+from agentgym.context import ContextPolicy
 from agentgym.engines.base import InferenceEngine, SamplingParams
 from agentgym.env_threads import env_pool
 from agentgym.types import Episode, Turn
@@ -69,6 +70,9 @@ class RolloutSettings:
     # lists, KV caches, open environments) when iterations have many episodes.
     max_live: int = 0
     constrain_actions: bool = False
+    # what the policy sees of a long conversation (agentgym.context): truncate, window or summary
+    context_policy: str = "truncate"
+    context_window: int = 4
 
     @classmethod
     def from_config(cls, cfg: Any, horizon: int, seed: int, greedy: bool = False) -> "RolloutSettings":
@@ -79,6 +83,7 @@ class RolloutSettings:
             temperature=r.temperature, top_p=r.top_p, greedy=greedy, stop=list(r.stop),
             env_workers=r.env_workers, seed=seed, system_prompt=cfg.system_prompt,
             max_live=r.max_live_episodes, constrain_actions=r.constrain_actions,
+            context_policy=ContextPolicy(r.context_policy).value, context_window=r.context_window,
         )
 
 
@@ -91,6 +96,19 @@ class _Live:
     done: bool = False
     index: int = 0  # position in the specs
     turn: int = 0  # turns taken so far
+    # context policies (agentgym.context): where the current segment starts in ep.input_ids, the
+    # first turn it holds whole, the first prompt's ids, each finished turn's reply + glue ids,
+    # and the environment's state summary after each step (summary policy only)
+    seg_start: int = 0
+    seg_first_turn: int = 0
+    system: str | None = None
+    head: list[int] = field(default_factory=list)
+    turn_ids: list[list[int]] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)
+
+    def prompt(self) -> list[int]:
+        """The ids the engine sees for this episode's next reply: its current segment."""
+        return self.ep.input_ids[self.seg_start:]
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -206,9 +224,17 @@ def _start_episodes(pool: ThreadPoolExecutor, formatter: ChatFormatter, specs: l
             continue
         env, obs, info = res
         system = settings.system_prompt if settings.system_prompt is not None else env.system_prompt()
-        lv.ep.append(formatter.start(system or None, obs), sampled=False)
+        lv.system = system or None
+        lv.head = formatter.start(lv.system, obs)
+        lv.ep.append(lv.head, sampled=False)
         lv.observation = obs
         lv.state = state_key(obs, info)
+        if settings.context_policy == ContextPolicy.SUMMARY.value:
+            summary, err = _safe(env.context_summary)
+            if err:
+                _fail(lv, err)
+                continue
+            lv.summaries.append(_required_summary(summary, env))
     return lives
 
 
@@ -219,7 +245,7 @@ def _ready(live: list[_Live], settings: RolloutSettings) -> list[_Live]:
     for lv in live:
         if lv.done:
             continue
-        if len(lv.ep.input_ids) + settings.max_new_tokens > settings.max_context_tokens:
+        if len(lv.prompt()) + settings.max_new_tokens > settings.max_context_tokens:
             lv.ep.truncated = True  # the first prompt leaves no room for a reply
             lv.done = True
         else:
@@ -253,10 +279,18 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
         lv.ep.append(sample.token_ids, sampled=True, logprobs=sample.logprobs)
         replies.append(formatter.reply_text(sample.token_ids))
 
-    def step(j: int) -> tuple[tuple[StepResult, float] | None, str | None]:
+    summarize = settings.context_policy == ContextPolicy.SUMMARY.value
+
+    def step(j: int) -> tuple[tuple[StepResult, float, str] | None, str | None]:
         t0 = time.perf_counter()
-        res, err = _safe(lambda: checked(fits[j].env.step(replies[j])))  # type: ignore[union-attr]
-        return (res, (time.perf_counter() - t0) * 1000.0) if res else None, err
+        env = fits[j].env
+        assert env is not None  # an episode without an environment failed at its start and is done
+        res, err = _safe(lambda: checked(env.step(replies[j])))
+        latency = (time.perf_counter() - t0) * 1000.0
+        if err or not summarize:
+            return ((res, latency, "") if res else None), err
+        summary, err = _safe(env.context_summary)
+        return ((res, latency, summary) if not err else None), err
 
     for j, (out, err) in enumerate(pool.map(step, range(len(fits)))):
         lv = fits[j]
@@ -264,20 +298,50 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
         if err:
             _fail(lv, err)
             continue
-        res, latency = out
+        res, latency, summary = out
         if record_step(lv.ep, turn, settings.horizon, lv.observation, replies[j], res,
                        gen_tokens=len(samples[j].token_ids), latency_ms=latency, state=lv.state):
             lv.done = True
             continue
         glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
-        if len(lv.ep.input_ids) + len(glue) + settings.max_new_tokens > settings.max_context_tokens:
+        lv.turn_ids.append(list(samples[j].token_ids) + glue)
+        if summarize:
+            lv.summaries.append(_required_summary(summary, lv.env))
+        window = settings.context_policy != ContextPolicy.TRUNCATE.value and \
+            lv.turn - lv.seg_first_turn > settings.context_window
+        # the next prompt: a new segment (the head and the last turns), or this one and the glue
+        first, added = _next_segment(lv, formatter, settings) if window else (lv.seg_first_turn, glue)
+        if (0 if window else len(lv.prompt())) + len(added) + settings.max_new_tokens > settings.max_context_tokens:
             # no room for the next observation and a reply: cut here, like the horizon
             lv.ep.truncated = lv.ep.turns[-1].truncated = True
             lv.done = True
             continue
-        lv.ep.append(glue, sampled=False)
+        if window:
+            lv.ep.context_starts.append(len(lv.ep.input_ids))
+            lv.seg_start, lv.seg_first_turn = len(lv.ep.input_ids), first
+        lv.ep.append(added, sampled=False)
         lv.observation = res.observation
         lv.state = state_key(res.observation, res.info)
+
+
+def _required_summary(summary: str | None, env: TextEnv | None) -> str:
+    """A state summary, which ``context_policy: summary`` requires: a configuration error (raised,
+    not an episode's infra fault) where the environment provides none."""
+    if summary is None or env is None:
+        raise ValueError(f"rollout.context_policy=summary needs an environment with a state summary "
+                         f"(TextEnv.context_summary); {getattr(env, 'name', env)!r} has none: use "
+                         "rollout.context_policy: window")
+    return summary
+
+
+def _next_segment(lv: _Live, formatter: ChatFormatter, settings: RolloutSettings) -> tuple[int, list[int]]:
+    """The episode's next context segment: its first kept turn and its ids, the head (window:
+    the first prompt; summary: the system prompt and the state summary from before the kept
+    turns) and the last ``context_window`` turns whole (appended as context, mask 0)."""
+    first = lv.turn - settings.context_window
+    head = lv.head if settings.context_policy == ContextPolicy.WINDOW.value else \
+        formatter.start(lv.system, lv.summaries[first])
+    return first, head + [t for ids in lv.turn_ids[first:] for t in ids]
 
 
 def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list[int]] | None],
@@ -288,12 +352,12 @@ def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list
     free = [j for j, c in enumerate(choices) if c is None]
     chosen = [j for j, c in enumerate(choices) if c is not None]
     if free:
-        got = engine.generate([fits[j].ep.input_ids for j in free], params,
+        got = engine.generate([fits[j].prompt() for j in free], params,
                               cache_keys=[fits[j].ep.episode_id for j in free])
         for j, sample in zip(free, got):
             out[j] = sample
     if chosen:
-        got = engine.choose([fits[j].ep.input_ids for j in chosen], [choices[j] for j in chosen], params,
+        got = engine.choose([fits[j].prompt() for j in chosen], [choices[j] for j in chosen], params,
                             cache_keys=[fits[j].ep.episode_id for j in chosen])
         for j, sample in zip(chosen, got):
             out[j] = sample

@@ -153,6 +153,7 @@ EPISODES_SCHEMA = pa.schema(
         _f("input_ids", pa.list_(pa.int32())),
         _f("loss_mask", pa.list_(pa.int8())),
         _f("old_logprobs", pa.list_(pa.float32())),
+        _f("context_starts", pa.list_(pa.int32())),
     ]
 )
 
@@ -184,6 +185,8 @@ TURNS_SCHEMA = pa.schema(
 # readable without a rewrite).
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {
     "turns": {"invalid_action": False, "state_key": ""},
+    "episodes": {"context_starts": []},
+    "train_batch": {"context_starts": []},
 }
 
 ADVANTAGES_SCHEMA = pa.schema(
@@ -214,6 +217,7 @@ TRAIN_BATCH_SCHEMA = pa.schema(
         _f("advantages", pa.list_(pa.float32())),
         _f("returns", pa.list_(pa.float32())),
         _f("old_values", pa.list_(pa.float32())),
+        _f("context_starts", pa.list_(pa.int32())),
     ]
 )
 
@@ -478,7 +482,9 @@ class TrajectoryStore:
 
     def write_train_batch(self, rows: list[dict], *, stage: int, iteration: int) -> CommitManifest:
         """Write one update's batch rows ``{episode_id, input_ids, loss_mask, old_logprobs,
-        advantages[, returns][, old_values]}`` in batch order; idempotent like the others."""
+        advantages[, returns][, old_values][, context_starts]}`` in batch order (the episode
+        layout: the trainer cuts rows with ``context_starts`` into segments); idempotent like the
+        others."""
         stage, iteration = int(stage), int(iteration)
         n = len(rows)
         for i, r in enumerate(rows):
@@ -492,7 +498,7 @@ class TrajectoryStore:
             "episode_id": [r["episode_id"] for r in rows],
             **{c: [_as_list(r[c]) for r in rows] for c in ("input_ids", "loss_mask", "old_logprobs", "advantages")},
             **{c: [_as_list(r.get(c) if r.get(c) is not None else []) for r in rows]
-               for c in ("returns", "old_values")},
+               for c in ("returns", "old_values", "context_starts")},
         }
         return self._commit_single("train_batch", stage, iteration, self._to_table("train_batch", cols))
 
@@ -559,6 +565,7 @@ class TrajectoryStore:
             "input_ids": [e.input_ids for e in episodes],
             "loss_mask": [e.loss_mask for e in episodes],
             "old_logprobs": [e.old_logprobs for e in episodes],
+            "context_starts": [e.context_starts for e in episodes],
         }
         turn_rows = [(e, t) for e in episodes for t in e.turns]
         tu_cols = {

@@ -46,6 +46,7 @@ from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerBas
 from agentgym import algorithms as A
 from agentgym.hardware import resolve_bf16
 from agentgym.config import AlgorithmConfig, TrainerConfig
+from agentgym.context import split_rows
 from agentgym.diskspace import disk_errors
 from agentgym.dist_env import init_single_process_dist
 from agentgym.patches.deepspeed import exclude_frozen_aliases, step_without_bookkeeping
@@ -861,7 +862,7 @@ class PolicyTrainer:
         """Train on the iteration's committed ``train_batch`` table of the trajectory store
         (``TrajectoryStore.spec()``): the pipeline's one batch path, at every world size."""
         t0 = time.perf_counter()
-        rows = TrajectoryStore(**store).read_train_rows(stage, iteration)
+        rows, _ = split_rows(TrajectoryStore(**store).read_train_rows(stage, iteration))  # a row per context segment
         batch = TrainBatch.from_rows(rows, self.pad_id)
         read_s = time.perf_counter() - t0  # store read + padding: the rest is forward/backward/step
         return {**self.train_on_batch(batch, seed=seed), "time/train_store_read_s": read_s}

@@ -55,6 +55,10 @@ class Episode:
     truncated: bool = False
     infra_error: bool = False
     error: str | None = None
+    # token offsets where the policy's context restarted (rollout.context_policy window/summary):
+    # each later segment is a new prompt the engine saw, copied ids then the reply sampled under
+    # it (agentgym.context); empty: one continuous conversation
+    context_starts: list[int] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -77,6 +81,9 @@ class Episode:
             raise ValueError(f"episode {self.episode_id}: token columns differ in length")
         if any(lp != 0.0 for lp, m in zip(self.old_logprobs, self.loss_mask) if m == 0):
             raise ValueError(f"episode {self.episode_id}: log-prob on a masked token")
+        if self.context_starts and any(b <= a for a, b in zip([0, *self.context_starts], [*self.context_starts, n])):
+            raise ValueError(f"episode {self.episode_id}: context_starts {self.context_starts} must "
+                             f"increase strictly within (0, {n})")
         if self.infra_error:
             if not math.isnan(self.reward):
                 raise ValueError(f"episode {self.episode_id}: an infra_error episode is not scored "

@@ -261,7 +261,7 @@ class BabyAIEnv(StateKeyedEnv):
             raise RuntimeError("environment is closed")
         level, ag_seed = level_for(int(task_id))
         mg_seed = ag_seed + int(seed) * SEED_STRIDE
-        env = self._envs.get(level)
+        env: Any = self._envs.get(level)  # a gymnasium env wrapping minigrid's (its .unwrapped)
         if env is None:
             import gymnasium
             import minigrid  # noqa: F401  (registers the BabyAI levels)
@@ -279,6 +279,7 @@ class BabyAIEnv(StateKeyedEnv):
             goal = goal.replace("after you", "and")
         self.goal = goal
         description, self.action_space = self._postprocess_obs(obs)
+        self._view = description
         self.obs_2d = obs["image"]
         self.reward = 0.0
         self.done = False
@@ -319,13 +320,17 @@ class BabyAIEnv(StateKeyedEnv):
         primitives = self.action_space[action]
         if not primitives:
             return StepResult("No change in state." + self._suffix(), 0.0, False, False, base)
-        obs = reward = done = None
+        # gymnasium's step values of the last primitive (there is at least one)
+        obs: Any = None
+        reward: Any = None
+        done: Any = None
         for a in primitives:
             obs, reward, done, _trunc, _ = self._env.step(a)
             if not (obs["image"] != self.obs_2d).sum() > 0:
                 break  # the primitive changed nothing: stop, as AgentGym's verify_action does
             self.obs_2d = obs["image"]
         description, self.action_space = self._postprocess_obs(obs)
+        self._view = description
         self.obs_2d = obs["image"]
         self.reward = float(reward)
         self.done = bool(done)
@@ -336,6 +341,13 @@ class BabyAIEnv(StateKeyedEnv):
         self.score += self.reward
         info = {**base, "success": self.done, "score": self.score}
         return StepResult(description + self._suffix(), self.reward, self.done, False, info)
+
+    def context_summary(self) -> str | None:
+        """The goal and what the agent sees now, in the reset observation's form."""
+        if not self._ready:
+            return None
+        lead = "Goal: " if self.compact else "Your goal: "
+        return lead + self.goal + "\n" + self._view + self._suffix()
 
     def close(self) -> None:
         for env in self._envs.values():

@@ -69,6 +69,11 @@ class TextEnv(abc.ABC):
         """The currently valid actions when the environment can list them (for baselines)."""
         return None
 
+    def context_summary(self) -> str | None:
+        """The task and the current state as one self-contained observation, which can stand in
+        for the turns before it (``rollout.context_policy: summary``); None: not provided."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; safe to call twice."""
 

@@ -255,6 +255,13 @@ class TextCraftEnv(StateKeyedEnv):
             self.commands, item_id_to_str(self.goal))
         return self._with_inventory(obs), {**self.task, "success": False}
 
+    def context_summary(self) -> str | None:
+        """The crafting commands, the goal and the inventory now (whatever the observation style)."""
+        if not self._ready:
+            return None
+        return "Crafting commands:\n{}\n\nGoal: craft {}.\n{}".format(
+            self.commands, item_id_to_str(self.goal), self._inventory_text())
+
     def _inventory_text(self) -> str:
         """What the ``inventory`` command prints (AgentGym's wording)."""
         if not self.inventory:
