@@ -3,7 +3,9 @@
 ``Episode`` is the unit the rollout produces, the store writes (``episodes`` table), and the
 trainer consumes. Its token columns are the *exact* ids the engine saw and sampled:
 
-* ``input_ids``   the whole conversation (prompt, replies, observations, template glue)
+* ``input_ids``   the whole conversation (prompt, replies, observations, template glue); with a
+                  context policy that drops old turns, the concatenation of the contexts the
+                  policy saw (segments starting at ``context_starts``; see agentgym.context)
 * ``loss_mask``   1 where the token was sampled by the policy, 0 elsewhere (prompt,
                   observations, forced response prefixes, template glue)
 * ``old_logprobs`` the engine's log-prob of each sampled token under the sampling
