@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -44,9 +45,10 @@ class ChatFormatter:
 
     # -- template probing -------------------------------------------------------------
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        # tokenize=False: the rendered text (transformers types every return mode together)
+        return cast(str, self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=generation_prompt
-        )
+        ))
 
     def _encode(self, text: str) -> list[int]:
         # apply_chat_template itself tokenizes with add_special_tokens=False: do the same.
@@ -73,7 +75,7 @@ class ChatFormatter:
         )
         for tok in sorted(special, key=len, reverse=True):
             if tok and self.assistant_suffix.startswith(tok):
-                ids.append(self.tokenizer.convert_tokens_to_ids(tok))
+                ids.append(cast(int, self.tokenizer.convert_tokens_to_ids(tok)))  # one token: one id
                 break
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
             ids.append(self.tokenizer.eos_token_id)
@@ -114,7 +116,7 @@ class ChatFormatter:
         suffix, or what follows the end-of-turn token the reply already ends with): encoded
         once, not per episode per turn (the rollout glues every live episode every turn)."""
         suffix = ended = self.assistant_suffix
-        eot = self.tokenizer.convert_ids_to_tokens(self.end_of_turn_ids[0])
+        eot = cast(str, self.tokenizer.convert_ids_to_tokens(self.end_of_turn_ids[0]))  # one id: one token
         if suffix.startswith(eot):
             ended = suffix[len(eot):]
         return {False: self._encode(suffix), True: self._encode(ended)}
@@ -147,4 +149,5 @@ class ChatFormatter:
     def reply_text(self, token_ids: list[int]) -> str:
         """The reply as the environment sees it: forced prefix + decoded sampled tokens."""
         ids = token_ids[:-1] if self.ends_turn(token_ids) else token_ids
-        return self.response_prefix + self.tokenizer.decode(ids, skip_special_tokens=True)
+        # one sequence of ids decodes to one str
+        return self.response_prefix + cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))

@@ -23,11 +23,19 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["disk_errors", "error_chain", "free_bytes", "is_out_of_space"]
+__all__ = ["disk_errors", "error_chain", "free_bytes", "is_out_of_space", "names_the_disk"]
 
 # An opaque write error (torch.save's) on a disk with less than this free is taken as "full".
 NEARLY_FULL_BYTES = 1 << 20
 _MARKERS = ("no space left on device", "os error 28", "disk quota exceeded")
+
+
+def names_the_disk(err: OSError) -> OSError:
+    """Mark ``err`` as already naming the file and the disk: an outer ``disk_errors`` (or
+    ``prefect_db.prefect_disk_error``) passes it on unchanged. An attribute, not a subclass, so
+    that messages still read ``OSError: [Errno 28] ...``."""
+    setattr(err, "names_the_disk", True)
+    return err
 
 
 def free_bytes(path: str | os.PathLike) -> int | None:
@@ -88,5 +96,4 @@ def disk_errors(what: str, path: str | os.PathLike, fix: str = "free space on th
         left = f"{free:,} bytes free there" if free is not None else "free space unknown"
         err = OSError(errno.ENOSPC, f"No space left on device: {what} could not be written to "
                                     f"{path} ({left}); {fix}")
-        err.names_the_disk = True
-        raise err from e
+        raise names_the_disk(err) from e

@@ -309,8 +309,8 @@ class ResidentGroup:
                 missing = min(r for r in self._conns if r not in replies)
                 self._fail(op, missing, f"the launcher exited ({describe_code(self._proc.returncode)})")
             if deadline is not None and time.monotonic() > deadline:
-                missing = sorted(r for r in self._conns if r not in replies)
-                self._fail(op, missing[0], f"ranks {missing} did not answer within {timeout:.0f} s")
+                late = sorted(r for r in self._conns if r not in replies)
+                self._fail(op, late[0], f"ranks {late} did not answer within {timeout:.0f} s")
         return {r: m.get("result", {}) for r, m in replies.items()}
 
     def weight_digests(self) -> dict[int, str]:

@@ -89,6 +89,9 @@ def join_node(cfg: TrainerConfig, node_rank: int, log_dir: Path, threads_per_ran
     if not 1 <= node_rank < cfg.nnodes:
         raise ValueError(f"--node-rank {node_rank}: other nodes are 1 .. {cfg.nnodes - 1} (node 0 is "
                          "the pipeline's host, which starts its ranks itself)")
+    if cfg.master_port is None or cfg.driver_port is None:  # TrainerConfig requires both with nnodes > 1
+        raise ValueError("agentgym group join needs trainer.master_port and trainer.driver_port set, the "
+                         "same as on node 0")
     shared_authkey()  # fail here, not in every rank
     per_node = cfg.world_size // cfg.nnodes
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,9 @@ import queue
 import socket
 import threading
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener, wait
-from typing import Any
+from multiprocessing import connection as _connection
+from multiprocessing.connection import Client, Connection, Listener
+from typing import Any, cast
 
 import torch
 
@@ -32,6 +33,12 @@ def send(conn: Connection, obj: Any) -> None:
 def recv(conn: Connection) -> Any:
     """One message; raises ``EOFError`` when the peer has gone."""
     return torch.load(io.BytesIO(conn.recv_bytes()), weights_only=True)
+
+
+def wait(conns: list[Connection], timeout: float | None) -> list[Connection]:
+    """``multiprocessing.connection.wait`` over connections: those of ``conns`` ready to read
+    (it returns objects it was given; typeshed types them as any waitable)."""
+    return cast(list[Connection], _connection.wait(conns, timeout))
 
 
 def plain(obj: Any) -> Any:

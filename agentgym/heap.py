@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Callable
+from typing import Literal
 
-_trim = None
+# libc's malloc_trim once looked up; False where the C library has none
+_trim: Callable[[int], int] | Literal[False] | None = None
 
 
 def _malloc_trim():
@@ -22,8 +25,9 @@ def _malloc_trim():
     if _trim is None:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _trim = libc.malloc_trim
-            _trim.argtypes, _trim.restype = [ctypes.c_size_t], ctypes.c_int
+            trim = libc.malloc_trim
+            trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+            _trim = trim
         except (OSError, AttributeError):
             _trim = False
     return _trim

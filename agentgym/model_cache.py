@@ -76,7 +76,7 @@ def publish(tmp: Path, final: Path, *, replace: bool = False) -> Path:
         try:
             os.rename(final, trash)
         except FileNotFoundError:
-            trash = None
+            pass  # gone meanwhile: nothing to replace
         else:
             shutil.rmtree(trash, ignore_errors=True)
     try:

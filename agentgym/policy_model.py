@@ -22,6 +22,10 @@ from mlflow.models import ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
+from agentgym.tracking_db import GuardedClient
+
+# an MlflowClient, or the Tracker's guarded one (the same calls, a full database reported clearly)
+Client = MlflowClient | GuardedClient
 MODEL_NAME = "policy"
 PYFUNC_CODE = Path(__file__).with_name("policy_pyfunc.py")
 SIGNATURE = ModelSignature(
@@ -39,14 +43,14 @@ class LoggedPolicy:
     registered_model_name: str | None = None
 
 
-def _logged(client: MlflowClient, experiment_id: str, mlflow_run_id: str) -> str | None:
+def _logged(client: Client, experiment_id: str, mlflow_run_id: str) -> str | None:
     found = client.search_logged_models(
         experiment_ids=[experiment_id], filter_string=f"source_run_id = '{mlflow_run_id}' AND name = '{MODEL_NAME}'")
     ready = [m for m in found if str(m.status).endswith("READY")]  # the store's filter on status finds none
     return ready[0].model_id if ready else None
 
 
-def log_policy_model(client: MlflowClient, experiment_id: str, mlflow_run_id: str, hf_folder: str | Path,
+def log_policy_model(client: Client, experiment_id: str, mlflow_run_id: str, hf_folder: str | Path,
                      step: int, registered_model_name: str | None = None,
                      tags: dict[str, Any] | None = None, description: str | None = None) -> LoggedPolicy:
     """Log ``hf_folder`` as the pyfunc ``policy`` of run ``mlflow_run_id`` (once) and register it
@@ -79,7 +83,7 @@ def log_policy_model(client: MlflowClient, experiment_id: str, mlflow_run_id: st
     return out
 
 
-def _register(client: MlflowClient, name: str, model_id: str, mlflow_run_id: str, tags: dict[str, str],
+def _register(client: Client, name: str, model_id: str, mlflow_run_id: str, tags: dict[str, str],
               description: str | None) -> str:
     try:
         client.get_registered_model(name)

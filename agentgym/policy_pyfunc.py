@@ -11,8 +11,13 @@ token by token (``agentgym.rollout``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import mlflow
 from mlflow.pyfunc import PythonModel
+
+if TYPE_CHECKING:
+    from transformers import BatchEncoding
 
 
 class PolicyPyfunc(PythonModel):
@@ -34,8 +39,10 @@ class PolicyPyfunc(PythonModel):
         for row in rows:
             messages = ([{"role": "system", "content": row["system"]}] if row.get("system") else []) + \
                 [{"role": "user", "content": str(row["prompt"])}]
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                     return_dict=True)["input_ids"]
+            # return_dict=True: a BatchEncoding (transformers types every return mode together)
+            enc = cast("BatchEncoding", self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True))
+            ids = enc["input_ids"]
             with torch.no_grad():
                 out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                                           do_sample=False, pad_token_id=self.tokenizer.pad_token_id

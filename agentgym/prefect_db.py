@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from agentgym.diskspace import NEARLY_FULL_BYTES, error_chain, free_bytes, is_out_of_space
+from agentgym.diskspace import NEARLY_FULL_BYTES, error_chain, free_bytes, is_out_of_space, names_the_disk
 
 __all__ = ["prefect_database", "prefect_disk_error"]
 
@@ -74,6 +74,5 @@ def prefect_disk_error(exc: BaseException) -> OSError | None:
     left = f"{free:,} bytes free there" if free is not None else "free space unknown"
     err = OSError(errno.ENOSPC, f"No space left on device: the Prefect database {db} could not be "
                                 f"written ({left}{answered}); {FIX}")
-    err.names_the_disk = True
     err.__cause__ = exc
-    return err
+    return names_the_disk(err)

@@ -86,11 +86,17 @@ def materialize(ref: str, tracking_uri: str, cache_dir: str | os.PathLike = "~/.
     if ref.startswith("models:/"):
         name, version, alias = parse_models_uri(ref)
         try:
-            mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+            if alias is not None:
+                mv = client.get_model_version_by_alias(name, alias)
+            else:
+                assert version is not None  # parse_models_uri returns an alias or a version
+                mv = client.get_model_version(name, version)
         except MlflowException as e:
             raise ValueError(
                 f"{ref}: no such registered model version in {tracking_uri} ({e.error_code}); list "
                 f"what is there with `agentgym eval champion --name {name}` or the MLflow UI") from None
+        if not mv.source:
+            raise ValueError(f"{ref}: the registered model version in {tracking_uri} has no source")
         uri = mv.source
         if Path(uri.removeprefix("file://")).is_dir():  # a checkpoint, or a logged model holding one
             return _find_hf_folder(Path(uri.removeprefix("file://")).resolve())

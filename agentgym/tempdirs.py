@@ -81,7 +81,8 @@ def sweep(root: str | os.PathLike | None = None, prefixes: tuple[str, ...] = PRE
     """Remove the folders of ``prefixes`` in ``root`` (TMPDIR) whose owning process is gone
     (see the module doc); returns those removed."""
     root = Path(root or tempfile.gettempdir())
-    ns, uid, removed = _namespace(), os.getuid(), []
+    ns, uid = _namespace(), os.getuid()
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(root))
     except OSError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import cast
 
 from agentgym.model_cache import DEFAULT_CACHE, cache_root, publish, staging
 
@@ -261,8 +262,8 @@ def build_tiny_model(
     tokenizer.chat_template = chat_template
     tokenizer.padding_side = "left"
     n_vocab = len(tokenizer)
-    eot_id = tokenizer.convert_tokens_to_ids(eot)
-    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eot_id = cast(int, tokenizer.convert_tokens_to_ids(eot))  # one token: one id
+    pad_id = cast(int, tokenizer.convert_tokens_to_ids("<|endoftext|>"))
 
     config = Qwen2Config(
         vocab_size=n_vocab,

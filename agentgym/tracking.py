@@ -151,8 +151,8 @@ def mlflow_schema(table: str) -> str:
             return DataType.datetime
         return DataType.string
 
-    cols = [ColSpec(dtype(f.type), f.name, required=not f.nullable) for f in SCHEMAS[table]]
-    return json.dumps({"mlflow_colspec": Schema(cols).to_dict()})
+    schema = Schema([ColSpec(dtype(f.type), f.name, required=not f.nullable) for f in SCHEMAS[table]])
+    return json.dumps({"mlflow_colspec": schema.to_dict()})
 
 
 @dataclass
@@ -291,7 +291,7 @@ class Tracker:
 
     def stage_finished(self, run_id: str, index: int) -> bool:
         found = self._find(**{TAG_RUN: run_id, TAG_KIND: "stage", TAG_STAGE: str(index)})
-        return bool(found) and self._done(found)
+        return self._done(found) if found else False
 
     def _done(self, stage_run_id: str) -> bool:
         return self.client.get_run(stage_run_id).data.tags.get(TAG_DONE) == "true"

@@ -20,7 +20,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from agentgym.diskspace import NEARLY_FULL_BYTES, error_chain, free_bytes
+from agentgym.diskspace import NEARLY_FULL_BYTES, error_chain, free_bytes, names_the_disk
 
 # SQLITE_FULL's text; SQLITE_IOERR's where the disk is (nearly) full (a journal write refused)
 _FULL = "database or disk is full"
@@ -55,8 +55,7 @@ def full_db_error(tracking_uri: str) -> OSError:
                                 f"space on its disk, or point tracking.tracking_uri at a disk with room, then "
                                 "re-run with the same run_id: it resumes (the database was left as it was "
                                 "before the failed write)")
-    err.names_the_disk = True  # an outer disk_errors keeps it as it is
-    return err
+    return names_the_disk(err)  # an outer disk_errors keeps it as it is
 
 
 class GuardedClient:

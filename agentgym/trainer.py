@@ -50,8 +50,8 @@ class Trainer(Protocol):
     def save_adapter(self, out_dir: str | Path) -> Path:
         """Write the LoRA adapter (peft format) alone: the vllm_server engine's weight sync."""
 
-    def save_hf(self, out_dir: str | Path, tokenizer: Any = None) -> Path:
-        """Export the policy (and critic) as an HF folder."""
+    def save_hf(self, out_dir: str | Path, tokenizer: Any) -> Path:
+        """Export the policy (and critic) as an HF folder, ``tokenizer`` saved beside it."""
 
     def save_checkpoint(self, ckpt_dir: str | Path, client_state: dict[str, Any] | None = None) -> Path:
         """The full training state (DeepSpeed, RNG, step count) for an exact resume."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from env_adapters.base import InfraError, StepResult, TextEnv, format_error
@@ -15,6 +16,8 @@ ADAPTERS: dict[str, str] = {
     "sciworld": "env_adapters.sciworld:SciWorldEnv",
     "textworld": "env_adapters.textworld_express:TextWorldExpressEnv",
     "deepsearch": "env_adapters.deepsearch:DeepSearchEnv",
+    # MiniWoB++ pages in headless Chromium, WebArena's accessibility tree and actions
+    "miniwob": "env_adapters.miniwob:MiniWoBEnv",
     # a remote AgentGym server: kwargs {base_url, env_name, dialect}
     "http": "env_adapters.http_client:HTTPEnv",
 }
@@ -42,7 +45,7 @@ def make_env(name: str, **kwargs: Any) -> TextEnv:
     return adapter_class(name)(**kwargs)
 
 
-def task_category(name: str, task_id: int, kwargs: dict[str, Any] | None = None) -> str:
+def task_category(name: str, task_id: int, kwargs: Mapping[str, Any] | None = None) -> str:
     """The category of ``task_id`` in environment ``name`` (its adapter's ``task_category``).
     A remote ``http`` environment is categorised by its ``env_name`` keyword argument, through
     the local adapter of that name when there is one."""

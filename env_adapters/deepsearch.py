@@ -209,7 +209,8 @@ class BM25Retriever:
     def docs(self) -> list[dict[str, str]]:
         return self._index.docs
 
-    def search(self, query: str, k: int = DEFAULT_TOP_K) -> list[dict[str, str]]:
+    def search(self, query: str, k: int = DEFAULT_TOP_K) -> list[dict[str, Any]]:
+        """Passages with their ``id`` and BM25 ``score`` (a float) besides title and text."""
         import numpy as np
 
         index = self._index

@@ -411,19 +411,20 @@ class HTTPEnv(TextEnv):
         return self._reset(task_id, seed)
 
     def _reset(self, task_id: int, seed: int) -> tuple[str, dict[str, Any]]:
-        fresh = self.env_id is None
-        if fresh:
-            self._create(task_id)
+        env_id = self.env_id
+        fresh = env_id is None
+        if env_id is None:
+            env_id = self._create(task_id)
         try:
             data = self._request("POST", "reset",
-                                 json=self.dialect.reset_body(self.env_id, task_id, seed))
+                                 json=self.dialect.reset_body(env_id, task_id, seed))
         except _ServerError as exc:
             # the server forgot our instance (idle reaping, restart): start over once
             if fresh or exc.payload.get("code") != "unknown_id":
                 raise
-            self._create(task_id)
+            env_id = self._create(task_id)
             data = self._request("POST", "reset",
-                                 json=self.dialect.reset_body(self.env_id, task_id, seed))
+                                 json=self.dialect.reset_body(env_id, task_id, seed))
         obs, info = self.dialect.parse_reset(data)
         prompt = data.get("system_prompt") if isinstance(data, dict) else None
         if self._system_prompt is None and self.dialect.name == "agentgym" and isinstance(prompt, str):
@@ -446,7 +447,10 @@ class HTTPEnv(TextEnv):
                     self.base_url = self._pool.acquire(exclude=tried)
                 except InfraError as exc:
                     raise InfraError(f"{self.name}: {exc}") from None
-            others = self._pool.live_count(exclude=[*tried, self.base_url])
+            server = self.base_url
+            if server is None:  # an instance is only ever held on a server the pool gave
+                raise InfraError(f"{self.name}: a pooled HTTPEnv holds instance {self.env_id} but no server")
+            others = self._pool.live_count(exclude=[*tried, server])
             try:
                 if self.env_id is None:
                     self._create(task_id, retries=0 if others else None)
@@ -457,7 +461,7 @@ class HTTPEnv(TextEnv):
                 full = isinstance(exc, _ServerError) and exc.payload.get("code") == "capacity"
                 if not others or not (full or isinstance(exc, _Unreachable)):
                     raise  # a bad task id fails on every server alike; no live server is left
-                tried.append(self.base_url)
+                tried.append(server)
                 self._drop_instance()
 
     def _drop_instance(self) -> None:
@@ -482,6 +486,7 @@ class HTTPEnv(TextEnv):
         action, error = self.dialect.extract_action(reply)
         if error is not None:
             return format_error(error, parsed_action=None)
+        assert action is not None  # extract_action gives an action or an error
         data = self._request("POST", "step", json=self.dialect.step_body(self.env_id, action),
                              idempotent=False)
         try:

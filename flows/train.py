@@ -219,6 +219,9 @@ def scaling_inter_rl(
             last = index == len(config.stages) - 1
             if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])
+                if ckpt is None:  # every stage ends with save_checkpoint
+                    raise RuntimeError(f"stage {index} (MLflow run {stages[-1]['mlflow_run_id']}) has no "
+                                       "checkpoint to evaluate held out")
                 heldout[f"stage-{index}"] = heldout_policy(config, parent, f"stage-{index}", ckpt)
                 curve = _for_readers("learning curve", publish_learning_curve, config, run_id, parent) or curve
         table = publish_comparison(run_id, heldout, tracker.run_link(parent)) if heldout else []

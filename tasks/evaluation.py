@@ -137,7 +137,8 @@ def _live_run_name(parameters: dict[str, Any]) -> str:
     return f"evaluate_live_run[step {sink.step if sink else 0}]"
 
 
-@task(name="evaluate_model", task_run_name=_model_run_name, cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+# (task_run_name: prefect's callback Protocol also declares a classmethod no plain function has)
+@task(name="evaluate_model", task_run_name=_model_run_name, cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)  # type: ignore[arg-type]
 def evaluate_model(config: PipelineConfig, model: str, settings: EvalSettings = EvalSettings(),  # noqa: B008
                    sink: EvalSink = EvalSink()) -> dict[str, Any]:  # noqa: B008
     """Load ``model`` (folder, checkpoint URI, ``models:/name@alias``, a model name) into its own
@@ -157,7 +158,7 @@ def evaluate_model(config: PipelineConfig, model: str, settings: EvalSettings = 
             **_record(config, reports, sink, sink.label or model, model, time.perf_counter() - t0)}
 
 
-@task(name="evaluate_live_run", task_run_name=_live_run_name, cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="evaluate_live_run", task_run_name=_live_run_name, cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)  # type: ignore[arg-type]
 def evaluate_live_run(config: PipelineConfig, run_id: str, settings: EvalSettings = EvalSettings(),  # noqa: B008
                       sink: EvalSink = EvalSink()) -> dict[str, Any]:  # noqa: B008
     """Evaluate the current policy of live training run ``run_id`` in place (its session's

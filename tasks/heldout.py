@@ -90,7 +90,7 @@ def heldout_policy(config: PipelineConfig, parent_mlflow_id: str, label: str, mo
 def publish_comparison(run_id: str, results: dict[str, dict[str, Any]], link: str) -> list[dict[str, Any]]:
     """The side-by-side table as one Prefect artifact; returns its rows."""
     rows = comparison_table(results)
-    horizon = next((r.get("greedy") or r.get("sampled"))["horizon"] for r in results.values())
+    horizon = next((r.get("greedy") or r["sampled"])["horizon"] for r in results.values())
     create_table_artifact(
         key=f"heldout-{run_id}".lower().replace("_", "-")[:100], table=rows,
         description=f"Held-out success of run {run_id} at horizon {horizon}: random-valid (mean over "

@@ -54,11 +54,13 @@ def generate_demonstrations(config: PipelineConfig) -> dict[str, Any]:
         if existing is not None:
             out[name] = {"rows": existing.rows, "digest": existing.digest, "reused": True}
             continue
+        def on_episode(done: int, total: int, n: str = name) -> None:
+            progress.report("phase", name=f"demos ({n})", done=done, total=total)
+
         episodes, stats = generate_demos(
             formatter, envs, episodes=wanted, horizon=s.horizon, stop=list(config.rollout.stop),
             system_prompt=config.system_prompt, noise=s.noise, seed=s.seed + part * 7_919,
-            make_env=make_env, make_expert=make_expert,
-            on_episode=lambda done, total, n=name: progress.report("phase", name=f"demos ({n})", done=done, total=total),
+            make_env=make_env, make_expert=make_expert, on_episode=on_episode,
         )
         if len(episodes) < wanted:
             raise RuntimeError(
@@ -94,10 +96,10 @@ def sft_train(config: PipelineConfig, run_id: str, sft_mlflow_id: str, demos: di
     resume = tracker.sft_epoch_checkpoint(sft_mlflow_id)
     weights, state = base, S.SFTState()
     if resume is not None:
-        uri, epoch = resume
-        weights, state = materialize(uri, config.tracking.tracking_uri, config.model.cache_dir), \
+        resume_uri, epoch = resume
+        weights, state = materialize(resume_uri, config.tracking.tracking_uri, config.model.cache_dir), \
             S.SFTState(step=(epoch + 1) * per_epoch, epoch=epoch + 1)
-        logger.info("SFT resumes after epoch %d from %s", epoch, uri)
+        logger.info("SFT resumes after epoch %d from %s", epoch, resume_uri)
     trainer = S.build_trainer(config, weights, tokenizer, total)
     trainer_state = Path(weights) / "trainer_state"
     if resume is not None and trainer_state.is_dir():
@@ -121,7 +123,7 @@ def sft_train(config: PipelineConfig, run_id: str, sft_mlflow_id: str, demos: di
 
     before: dict[str, float] = {}
     after: dict[str, float] = {}
-    uri = None
+    uri: str | None = None
     try:
         before = heldout_metrics(0) if state.step == 0 else {}
         step = state.step

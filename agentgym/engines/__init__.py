@@ -9,10 +9,13 @@ from typing import TYPE_CHECKING
 from agentgym.engines.base import InferenceEngine, Sample, SamplingParams
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from agentgym.config import PipelineConfig
 
 
-def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16", **kwargs) -> tuple[InferenceEngine, object]:
+def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16",
+                  **kwargs) -> tuple[InferenceEngine, PreTrainedTokenizerBase]:
     """Build the rollout engine ``kind`` over a local HF folder; returns (engine, tokenizer).
     ``dtype`` "auto" is bfloat16 where the hardware computes it natively, else float32."""
     from agentgym.hardware import resolve_dtype
@@ -32,12 +35,12 @@ def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16", **
     if kind == "vllm_server":
         from agentgym.engines.vllm_server import VLLMServerEngine
 
-        engine = VLLMServerEngine(model_path, **kwargs)
-        return engine, engine.tokenizer
+        server = VLLMServerEngine(model_path, **kwargs)
+        return server, server.tokenizer
     raise ValueError(f"unknown engine {kind!r}; use 'hf', 'vllm' or 'vllm_server'")
 
 
-def engine_for(cfg: "PipelineConfig", model_path: str | Path) -> tuple[InferenceEngine, object]:
+def engine_for(cfg: PipelineConfig, model_path: str | Path) -> tuple[InferenceEngine, PreTrainedTokenizerBase]:
     """The rollout engine ``cfg.rollout`` asks for, over the HF folder ``model_path``.
 
     vllm_server: the servers serve the base model (``model.name_or_path``), so ``model_path``

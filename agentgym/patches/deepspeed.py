@@ -54,7 +54,7 @@ def skip_shm_comm_build() -> None:
     current = require_attribute(name, module, "build_shm_op", check, params=())
     if getattr(current, "_agentgym_patch", False):
         return
-    module.build_shm_op = _no_shm_op
+    module.build_shm_op = _no_shm_op  # type: ignore[attr-defined]  # the monkeypatch
 
 
 _MODULE_STATE_DICT_PARAMS = ("destination", "prefix", "keep_vars", "exclude_frozen_parameters")

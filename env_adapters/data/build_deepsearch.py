@@ -109,7 +109,7 @@ def load_source(source: str | None) -> dict[str, dict[str, Any]]:
     return json.loads(Path(source).read_text(encoding="utf-8"))
 
 
-def clean(text: str) -> str:
+def clean(text: str | None) -> str:
     return " ".join(str(text or "").replace("\u00a0", " ").split())
 
 
@@ -248,6 +248,7 @@ def candidates(docs: list[dict[str, str]]) -> list[dict[str, Any]]:
         m = _CREATOR.search(first)
         if not m or re.search(r"based on|adapted|adaptation|libretto|musical", first[:m.start()]):
             continue
+        assert m.lastindex is not None  # the verb group always takes part
         name = m.group(m.lastindex).strip()
         person = by_title.get(name)
         if len(name.split()) < 2 and (person is None or person["_topic"] != "People"):
