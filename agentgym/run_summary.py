@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from agentgym.artifact_keys import artifact_key
 from agentgym.config import PipelineConfig
 
 
@@ -59,7 +60,6 @@ def summary_markdown(run_id: str, result: dict[str, Any], links: dict[str, str |
     ``stage-<i>`` (stage run URLs), ``model`` (registered version, text), ``viewer`` (the
     trajectory viewer's artifact URI); ``eval_metrics``: the
     last ``eval/.../overall/...`` values of the pipeline run (``tracking.eval_every``)."""
-    key = run_id.lower().replace("_", "-")  # as the artifacts' keys spell it
     out = [f"## ScalingInter-RL run `{run_id}`", ""]
     if result.get("resumed_from_step"):
         out += [f"Resumed at global step {result['resumed_from_step']}.", ""]
@@ -88,8 +88,8 @@ def summary_markdown(run_id: str, result: dict[str, Any], links: dict[str, str |
             + f" (tracking URI `{result['tracking_uri']}`, experiment `{result['experiment']}`)",
             f"- trajectories: `{result['store']}` (`pd.read_parquet(\".../episodes\")`)",
             f"- final checkpoint: `{result['stages'][-1]['checkpoint']}`" if result["stages"] else "",
-            f"- Prefect artifacts: per-stage tables `stage-<i>-{key}`" + (f", held-out table `heldout-{key}`"
-                                                                       if heldout else "")]
+            f"- Prefect artifacts: per-stage tables `stage-<i>-{artifact_key(run_id)}`"
+            + (f", held-out table `{artifact_key('heldout', run_id)}`" if heldout else "")]
     if links.get("viewer"):
         out.append(f"- trajectory viewer (one offline HTML file, MLflow artifact): `{links['viewer']}`")
     if links.get("model"):

@@ -31,7 +31,8 @@ from agentgym.registry import CHAMPION, ModelRegistry, decide, materialize
 from agentgym.tracking import TAG_KIND, Tracker
 from agentgym.config import with_overrides
 from flows.train import new_run_id, scaling_inter_rl
-from tasks.evaluation import EvalSettings, EvalSink, artifact_key, evaluate_model
+from agentgym.artifact_keys import artifact_key
+from tasks.evaluation import EvalSettings, EvalSink, evaluate_model
 
 
 def _fmt(x: float | None) -> str:

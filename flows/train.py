@@ -21,6 +21,7 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from agentgym import progress
+from agentgym.artifact_keys import artifact_key
 from agentgym.config import PipelineConfig, with_overrides
 from agentgym.schedule import position, stage_start, total_steps
 from agentgym.run_summary import pipeline_description, stage_description, summary_markdown
@@ -69,7 +70,7 @@ def _stage_artifact(tracker: Tracker, run_id: str, index: int, horizon: int, chi
     from prefect.artifacts import create_table_artifact
 
     create_table_artifact(
-        key=f"stage-{index}-{run_id}".lower().replace("_", "-")[:100],
+        key=artifact_key("stage", index, run_id),
         table=[{k: v if k == "global_step" else round(v, 4) for k, v in h.items()} for h in history],
         description=f"ScalingInter-RL run {run_id}, stage {index} (horizon {horizon}): "
                     + tracker.run_link(child)
@@ -264,5 +265,5 @@ def _summary_artifact(tracker: Tracker, result: dict[str, Any]) -> None:
     evals = {k: v for k, v in metrics.items() if k.startswith("eval/overall/")}
     run_id = result["run_id"]
     create_markdown_artifact(
-        summary_markdown(run_id, result, links, evals), key=f"summary-{run_id}".lower().replace("_", "-")[:100],
+        summary_markdown(run_id, result, links, evals), key=artifact_key("summary", run_id),
         description=f"Summary of ScalingInter-RL run {run_id}")

@@ -14,7 +14,6 @@ a small JSON-able dict: the score, the flat metrics and each report as a dict.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from agentgym.artifact_keys import artifact_key
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
 from agentgym.engines import engine_for
@@ -56,12 +56,6 @@ class EvalSink:
     prefix: str = "eval"
     publish: bool = True
     label: str | None = None
-
-
-def artifact_key(*parts: Any) -> str:
-    """A valid Prefect artifact key (lower-case letters, digits, dashes) from ``parts``."""
-    key = re.sub(r"[^a-z0-9-]+", "-", "-".join(str(p) for p in parts if p is not None).lower())
-    return re.sub(r"-{2,}", "-", key).strip("-")[:200] or "evaluation"
 
 
 def report_markdown(title: str, reports: list[EvalReport]) -> str:

@@ -15,6 +15,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from agentgym import learning_curve, progress
+from agentgym.artifact_keys import artifact_key
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
 from agentgym.engines import engine_for
@@ -92,7 +93,7 @@ def publish_comparison(run_id: str, results: dict[str, dict[str, Any]], link: st
     rows = comparison_table(results)
     horizon = next((r.get("greedy") or r["sampled"])["horizon"] for r in results.values())
     create_table_artifact(
-        key=f"heldout-{run_id}".lower().replace("_", "-")[:100], table=rows,
+        key=artifact_key("heldout", run_id), table=rows,
         description=f"Held-out success of run {run_id} at horizon {horizon}: random-valid (mean over "
                     f"seeds), base model, after SFT, after each ScalingInter-RL stage (greedy@1). {link}")
     return rows
