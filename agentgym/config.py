@@ -13,7 +13,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentgym.context import ContextPolicy
 from env_adapters import ADAPTERS, is_known  # the name table only; adapters load on first use
 
 
@@ -28,6 +27,18 @@ class Estimator(str, Enum):
     RLOO = "rloo"
     REINFORCE_PP = "reinforce_pp"
     GAE = "gae"
+
+
+class ContextPolicy(str, Enum):
+    """What the policy sees of a long conversation (``rollout.context_policy``; agentgym.context)."""
+
+    TRUNCATE = "truncate"
+    WINDOW = "window"
+    SUMMARY = "summary"
+
+
+#: a reply's token budget unless configured (``rollout.max_new_tokens``; the engines' default too)
+DEFAULT_MAX_NEW_TOKENS = 48
 
 
 class ModelConfig(_Strict):
@@ -167,7 +178,7 @@ class RolloutConfig(_Strict):
     group_size: int = Field(
         4, ge=1, description="Episodes per task (G); GRPO/RLOO baselines are computed within a group."
     )
-    max_new_tokens: int = Field(48, ge=1, description="Token budget of one reply.")
+    max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1, description="Token budget of one reply.")
     max_context_tokens: int = Field(
         4096, ge=64, description="An episode whose next prompt would exceed this is truncated."
     )

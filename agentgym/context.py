@@ -22,19 +22,11 @@ still the episode's replies in order and the advantage step works on the episode
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 import torch
 
-
-class ContextPolicy(str, Enum):
-    """``rollout.context_policy``."""
-
-    TRUNCATE = "truncate"
-    WINDOW = "window"
-    SUMMARY = "summary"
-
+from agentgym.config import ContextPolicy
 
 #: the per-token columns of a row of the episode layout (cut along the segments)
 TOKEN_COLUMNS = ("input_ids", "loss_mask", "old_logprobs", "advantages", "returns", "old_values")

@@ -57,7 +57,7 @@ class EpisodeSpec:
 @dataclass
 class RolloutSettings:
     horizon: int
-    max_new_tokens: int = 48
+    max_new_tokens: int  # rollout.max_new_tokens
     max_context_tokens: int = 4096
     temperature: float = 1.0
     top_p: float = 1.0

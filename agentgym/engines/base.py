@@ -9,10 +9,12 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from agentgym.config import DEFAULT_MAX_NEW_TOKENS
+
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 64
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
