@@ -10,6 +10,7 @@ from typing import Any
 
 from agentgym.artifact_keys import artifact_key
 from agentgym.config import PipelineConfig
+from agentgym.store import TrajectoryStore
 
 
 def _num(x: Any) -> str:
@@ -30,7 +31,7 @@ def pipeline_description(config: PipelineConfig, run_id: str, prefect_url: str |
         f"model `{config.model.name_or_path}`, stages (horizon x iterations) {stages}"
         + (", after an SFT warm start" if config.sft.enabled else "") + ".",
         "",
-        f"- trajectories: `{config.store.root.rstrip('/')}/{run_id}` (Parquet: episodes, turns, advantages)",
+        f"- trajectories: `{TrajectoryStore.location(config.store.root, run_id)}` (Parquet: episodes, turns, advantages)",
         "- " + _link("Prefect flow run", prefect_url) + (f" (`{run_id}`)" if prefect_url else ""),
         f"- resume: `agentgym train -c <config> --run-id {run_id}`",
     ]

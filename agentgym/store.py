@@ -369,6 +369,13 @@ class TrajectoryStore:
                           "s3:// bucket (and store.storage_options for its credentials)") from None
 
     # ------------------------------------------------------------------ paths
+    @staticmethod
+    def location(root: str, run_id: str, table: str | None = None) -> str:
+        """Where the store of ``run_id`` under ``root`` (``store.root``) lives, or one of its
+        tables, as the URL or path users pass to pandas; opens nothing."""
+        base = f"{root.rstrip('/')}/{run_id}"
+        return base if table is None else f"{base}/{_check_table(table)}"
+
     def path(self, table: str) -> str:
         """The table directory, usable by pandas/pyarrow (pass ``storage_options`` for s3)."""
         return self._url(f"{self._base}/{_check_table(table)}")

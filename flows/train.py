@@ -24,6 +24,7 @@ from agentgym import progress
 from agentgym.artifact_keys import artifact_key
 from agentgym.config import PipelineConfig, with_overrides
 from agentgym.schedule import position, stage_start, total_steps
+from agentgym.store import TrajectoryStore
 from agentgym.run_summary import pipeline_description, stage_description, summary_markdown
 from agentgym.tracking import Tracker
 from tasks.links import TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeline_run_name, prefect_tags
@@ -106,7 +107,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
             # killed attempt may have logged past its checkpoint to one run or both
             tracker.log_trajectory_commit(
-                child, "episodes", index, it, f"{config.store.root.rstrip('/')}/{run_id}/episodes",
+                child, "episodes", index, it, TrajectoryStore.location(config.store.root, run_id, "episodes"),
                 rollout["digest"], rollout["rows"], profile=rollout)
             tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs)
             # ...and the evaluation it may have run before its checkpoint
@@ -237,7 +238,7 @@ def scaling_inter_rl(
         drop_session(run_id)
     result = {
         "run_id": run_id, "mlflow_run_id": parent, "tracking_uri": config.tracking.tracking_uri,
-        "experiment": config.tracking.experiment, "store": f"{config.store.root.rstrip('/')}/{run_id}",
+        "experiment": config.tracking.experiment, "store": TrajectoryStore.location(config.store.root, run_id),
         "resumed_from_step": start_step, "stages": stages, "sft": sft, "heldout": table, "model": model,
         "learning_curve": curve,
     }

@@ -1,4 +1,4 @@
-"""One rule names every Prefect artifact (agentgym.artifact_keys)."""
+"""Rules defined once: Prefect artifact keys (agentgym.artifact_keys), a run's store location."""
 
 from pathlib import Path
 
@@ -21,4 +21,16 @@ def test_no_hand_built_keys():
     offenders = [str(p.relative_to(ROOT)) for folder in ("flows", "tasks", "agentgym")
                  for p in (ROOT / folder).rglob("*.py")
                  if 'replace("_", "-")' in p.read_text() and p.name != "artifact_keys.py"]
+    assert not offenders, offenders
+
+
+def test_store_location_is_built_in_one_place():
+    """A run's store path comes from TrajectoryStore.location, as the store itself lays it out."""
+    from agentgym.store import TrajectoryStore
+
+    store = TrajectoryStore("/tmp/x-root/", "run-1")
+    assert TrajectoryStore.location("/tmp/x-root/", "run-1", "episodes") == store.path("episodes")
+    assert TrajectoryStore.location("s3://b/p", "r") == "s3://b/p/r"
+    offenders = [str(p.relative_to(ROOT)) for folder in ("flows", "tasks", "agentgym")
+                 for p in (ROOT / folder).rglob("*.py") if "store.root.rstrip" in p.read_text()]
     assert not offenders, offenders
