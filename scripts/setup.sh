@@ -15,6 +15,23 @@ if ! command -v java >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >&2
 fi
 
+# Chromium and its WebDriver run the MiniWoB++ pages (env_adapters/miniwob.py). Where apt-get
+# cannot be used, say so and go on: the adapter then refuses to start, naming what is missing,
+# and its tests skip. Where apt-get runs but fails, setup fails (CI must not skip them silently).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  apt=()
+  if [ "$(id -u)" = 0 ]; then apt=(env); elif sudo -n true 2>/dev/null; then apt=(sudo); fi
+  if command -v apt-get >/dev/null 2>&1 && [ ${#apt[@]} -gt 0 ]; then
+    echo "[setup] installing chromium + chromium-driver (MiniWoB++)" >&2
+    ("${apt[@]}" apt-get update -qq && "${apt[@]}" DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq chromium chromium-driver) >&2
+  else
+    echo "[setup] SKIPPED chromium + chromium-driver: no apt-get, or no root/sudo. The miniwob" \
+         "environment and its tests need them (Debian/Ubuntu: apt-get install chromium" \
+         "chromium-driver; elsewhere set MINIWOB_CHROME_BINARY and MINIWOB_CHROMEDRIVER)." >&2
+  fi
+fi
+
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 LOCK=constraints/main.txt
 lock=(-c "$LOCK")

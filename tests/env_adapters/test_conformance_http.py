@@ -15,7 +15,7 @@ if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
 from serving import ServerThread  # noqa: E402
-from test_conformance import CASES, HORIZON, env_kwargs, truncate_at  # noqa: E402
+from test_conformance import CASES, HORIZON, env_kwargs, truncate_at, unavailable  # noqa: E402
 
 from env_adapters.checker import check_env  # noqa: E402
 from env_adapters.http_client import HTTPEnv  # noqa: E402
@@ -24,6 +24,8 @@ from env_adapters.http_server import create_app  # noqa: E402
 
 @pytest.mark.parametrize("env_name", sorted(CASES))
 def test_conformance_over_http(env_name: str) -> None:
+    if why := unavailable(env_name):
+        pytest.skip(why)
     server = ServerThread(create_app(env_name, max_envs=16, env_kwargs=env_kwargs(env_name)))
     try:
         # a move-limit truncation (SciWorld, TextWorldExpress) must survive the protocol too
