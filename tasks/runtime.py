@@ -33,6 +33,12 @@ def get_session(config: PipelineConfig | None, run_id: str, weights: str | Path 
                     "pipeline with the same run id to resume from its latest checkpoint")
             session = PolicySession(config, run_id, weights=weights)
             _sessions[run_id] = session
+        elif config is not None and config != session.cfg:
+            changed = sorted(k for k, v in config.model_dump().items() if v != session.cfg.model_dump().get(k))
+            raise ValueError(
+                f"run {run_id!r} has a live policy session built from another config (differs in "
+                f"{', '.join(changed) or 'nested fields'}); one run trains one config: start it under a "
+                "new run id, or drop the session first (tasks.runtime.drop_session)")
         return session
 
 
