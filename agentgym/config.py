@@ -491,8 +491,8 @@ class TrainerConfig(_Strict):
     train_layers: int | None = Field(
         None, ge=1,
         description="Train only the top N decoder layers and the final norm (embeddings and lower "
-        "layers frozen): the backward pass stops at layer N from the top, 2x faster per token with the "
-        "top quarter of SmolLM2 on CPU. None: train every weight. Not with lora.")
+        "layers frozen): the backward pass stops at layer N from the top, so an update costs less "
+        "per token (docs/results.md has the figures). None: train every weight. Not with lora.")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant",
         description="Learning rate after warmup: constant, or cosine decay to lr_min_ratio x lr at "

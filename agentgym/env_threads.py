@@ -1,10 +1,9 @@
 """The thread pools that step environments, kept from one rollout to the next.
 
 Why: ``Thread.start`` waits until the new thread has run, so a rollout that starts its 64 env
-threads afresh waits for 64 scheduler round trips before its episodes have all reset. Measured
-on this project's 2 loaded cores at nice 19: 64 threads sleeping 50 ms each took 160-370 ms with
-a new ``ThreadPoolExecutor``, 55 ms on one whose threads already existed. Rollouts run once per
-iteration (and per evaluation), so each would pay that again.
+threads afresh waits for 64 scheduler round trips before its episodes have all reset, and
+rollouts run once per iteration (and per evaluation). The cost on a loaded CPU is in
+bench/README.md (env concurrency).
 
 How: :func:`env_pool` lends a pool of ``workers`` threads for one rollout and takes it back
 after; a rollout holds its pool alone (a second, concurrent rollout gets another), so

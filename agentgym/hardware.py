@@ -2,8 +2,7 @@
 
 bf16 is only fast where the hardware has bf16 arithmetic: a CUDA GPU that supports it, or an x86
 CPU with AVX512-BF16 or AMX. Elsewhere PyTorch emulates it, and it is the slowest choice by far
-(7x slower than fp32 for SmolLM2's forward pass, 15x for forward + backward on a CPU without it:
-docs/results.md, "What the compute costs here").
+(docs/results.md, "What the compute costs here", has the figures).
 """
 
 from __future__ import annotations

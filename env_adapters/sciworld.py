@@ -34,8 +34,8 @@ running score unchanged); the simulator's own 100-move limit (``envStepLimit``) 
 as ``truncated`` (a horizon), not ``terminated``; stepping a finished episode returns a terminal
 observation instead of the server's error. The step calls the simulator directly
 (``step``/``getScore``/``getCompleted``/``getNumMoves``) instead of ``ScienceWorldEnv.step``,
-which also computes look / inventory / every valid action combination on each step (~100 ms,
-unused by AgentGym): same observation, score and completion, ~2-5 ms a step.
+which also computes look / inventory / every valid action combination on each step (unused by
+AgentGym, and most of a step's time): same observation, score and completion.
 
 **JVM pool.** Every ScienceWorld world lives in its own JVM (py4j; ~1-2 s to start, ~300-400 MB
 resident with the default ``-Xmx256m``). A process-wide :class:`env_adapters.jvm.JVMPool` keeps

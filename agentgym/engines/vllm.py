@@ -39,13 +39,13 @@ Weights
 -------
 ``update_weights`` loads the new tensors in place on GPUs (``collective_rpc("reload_weights")``,
 vLLM's in-place reload, then the prefix cache is reset). On the CPU backend an in-place reload
-gives wrong outputs (measured: the CPU backend packs linear weights into oneDNN handles and
-leaves the parameters empty, so a reload does not reach the packed copies), so there the new
-state is written as an HF folder in a private temp dir and the engine is re-created from it
-(measured on the loaded 2-core machine: ~4 s for the tiny model, 5-8 s for SmolLM2-135M). A
-re-creation left two things behind, both undone by the shutdown: the old engine's tokenizer pool
-(38.5 MiB with SmolLM2, held by a vLLM lru_cache: ``_clear_engine_keyed_caches``) and freed C
-heap that glibc keeps (``malloc_trim(0)`` after every re-creation, ``agentgym.heap``).
+gives wrong outputs (the CPU backend packs linear weights into oneDNN handles and leaves the
+parameters empty, so a reload does not reach the packed copies), so there the new state is
+written as an HF folder in a private temp dir and the engine is re-created from it (its cost:
+bench/README.md). A re-creation left two things behind, both undone by the shutdown: the old
+engine's tokenizer pool (held by a vLLM lru_cache: ``_clear_engine_keyed_caches``) and freed C
+heap that glibc keeps (``malloc_trim(0)`` after every re-creation, ``agentgym.heap``); the
+memory each held is in docs/reliability.md.
 
 Process
 -------
@@ -109,8 +109,8 @@ def _vllm_dtype(dtype: Any) -> str:
 # folder, which a re-creation deletes. ``func_utils._supports_kw`` (an lru_cache of 128) is asked
 # about the renderer's ``TokenizerPool.apply_chat_template``, a function made per engine whose
 # closure holds that engine's pool of deep-copied tokenizers: one entry per engine kept two
-# tokenizers alive, 38.5 MiB per re-creation with SmolLM2 (measured with
-# bench/vllm_rebuild_memory.py --object-diff, docs/reliability.md), up to 128 engines' worth.
+# tokenizers alive per re-creation (bench/vllm_rebuild_memory.py --object-diff, figures in
+# docs/reliability.md), up to 128 engines' worth.
 # The others are functools.cache'd per folder path (small, but unbounded). Missing names (another
 # vLLM version) are skipped.
 _ENGINE_KEYED_CACHES = (
@@ -423,8 +423,8 @@ class VLLMEngine:
             self._recreate_with(weights)
             # The old engine, the state dict and the tensors handed in (copies, when the trainer
             # converts) are freed now, but glibc keeps much of it in its arenas: without a trim
-            # RSS sat 267 MiB higher after each rebuild with SmolLM2 in fp32
-            # (bench/vllm_rebuild_memory.py --no-engine-trim, docs/reliability.md).
+            # RSS grows with every rebuild (bench/vllm_rebuild_memory.py --no-engine-trim,
+            # docs/reliability.md).
             del weights
             release_freed_heap()
         self.weights_version += 1
