@@ -36,7 +36,8 @@ deepsearch    Search-R1 style QA server, keyed by ``env_idx``: ``POST /create {i
               ``GET /observation?env_idx=``; ``/close {env_idx}``. Raw reply is sent.
 webarena      ``POST /create`` -> ``{"env_idx"}``; ``/reset {env_idx, seed, idx}`` ->
               ``{"observation"}``; ``/step {env_idx, action}`` -> ``{observation, reward,
-              terminated, truncated, info}``; ``/close {env_idx}`` -> plain text. Raw reply.
+              terminated, truncated, info}``; ``/close {env_idx}`` -> plain text. Raw reply,
+              once its first ``` block parses as a WebArena action (else a local format error).
 ============  =======================================================================
 
 Failure handling (see ``base.py``): a transport failure is retried with exponential backoff
@@ -72,6 +73,7 @@ from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf
 from env_adapters.http_pool import ServerPool, pool_for
 from env_adapters.http_server_dialects import DIALECT_HEADER
 from env_adapters.http_transport import new_client
+from env_adapters.web_text import fenced_action, parse_web_action
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +283,21 @@ class WebArenaDialect(Dialect):
 
     def reset_body(self, env_id: int, task_id: int, seed: int) -> dict[str, Any]:
         return {"env_idx": env_id, "seed": seed, "idx": task_id}
+
+    def extract_action(self, reply: str) -> tuple[str | None, str | None]:
+        """AgentGym's client refuses a reply without a ``` block; the server reads the first
+        block with WebArena's id-based grammar and answers one it cannot parse with the error
+        text. Both are refused here, as format errors, with that grammar
+        (:func:`env_adapters.web_text.parse_web_action`, the MiniWoB++ adapter's); otherwise
+        the raw reply is sent."""
+        block = fenced_action(reply)
+        if block is None:
+            return None, ("Cannot parse an action from the reply: write the action inside triple "
+                          "backticks, e.g. ```click [12]```.")
+        action, why = parse_web_action(block)
+        if action is None:
+            return None, f"Invalid action in the ``` block: {why}."
+        return reply, None
 
 
 DIALECTS: dict[str, type[Dialect]] = {
