@@ -149,6 +149,12 @@ def chromium_missing(binary: str | None = None, driver: str | None = None) -> st
     return None
 
 
+def parse_reply(reply: str, max_chars: int = MAX_REPLY_CHARS) -> tuple[str | None, str]:
+    """The canonical text of the action in ``reply`` (``click [4]``), or ``(None, why)``."""
+    action, why = parse_web_reply(reply, max_chars)
+    return (str(action), "") if action is not None else (None, why)
+
+
 def family_of(task_id: int, families: tuple[str, ...] = FAMILIES) -> tuple[str, int]:
     """``(family, instance)`` of ``task_id``."""
     return families[int(task_id) % len(families)], int(task_id) // len(families)

@@ -21,6 +21,7 @@ EXPERTS: dict[str, str] = {
     "sciworld": "env_adapters.experts.sciworld:SciWorldExpert",
     "textworld": "env_adapters.experts.textworld_express:TextWorldExpressExpert",
     "deepsearch": "env_adapters.experts.deepsearch:DeepSearchExpert",
+    "miniwob": "env_adapters.experts.miniwob:MiniWoBExpert",
 }
 
 

@@ -76,7 +76,7 @@ def test_make_expert_rejects_an_unknown_env():
 
 
 def test_every_listed_expert_is_an_expert():
-    assert set(EXPERTS) == {"babyai", "textcraft", "sciworld", "textworld", "deepsearch"}
+    assert set(EXPERTS) == {"babyai", "textcraft", "sciworld", "textworld", "deepsearch", "miniwob"}
     for name in EXPERTS:
         assert isinstance(make_expert(name), Expert)
 
