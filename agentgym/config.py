@@ -77,7 +77,10 @@ class EnvSpec(_Strict):
         "name: http (a remote AgentGym server) takes base_url (one server) or base_urls (a pool of "
         "servers of the same environment: each episode goes to the live one with the fewest open "
         "instances, a dead one is skipped until its /health check passes again, every "
-        "health_interval_s seconds, default 5), env_name, dialect, timeout_s, retries."
+        "health_interval_s seconds, default 5), env_name, dialect, timeout_s, retries. name: miniwob "
+        "(MiniWoB++ in headless Chromium) takes families (the task families task ids cycle through; "
+        "default the adapter's list, which task categories assume), time_limit_s (MiniWoB's page clock; "
+        "default none), data_mode, chromium and chromedriver (paths; default from PATH)."
     )
 
     @field_validator("tasks", "eval_tasks", mode="before")
