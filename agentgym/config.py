@@ -249,6 +249,17 @@ class RolloutConfig(_Strict):
         "environment, bad task id): a broken setup stops the run instead of training on what is left. "
         "1.0: never fail (the unscored episodes are just left out).",
     )
+    async_steps: int = Field(
+        0, ge=0, le=1,
+        description="Asynchronous RL (one-step off-policy, as verl's recipe): 1 starts the next "
+        "iteration's rollout, with the weights of the last weight sync, while this iteration's "
+        "advantages and update run, so each update trains on episodes sampled by the policy one "
+        "update older; the PPO ratio is taken against the sampler's stored log-probs, which keeps "
+        "the clipped objective correct off-policy. Weights are synced between rollouts, never "
+        "inside one; a stage's first iteration is synchronous (no rollout at a new horizon before "
+        "its stage). 0: synchronous. Larger values are refused: the engine plays one rollout at a "
+        "time, so one rollout ahead already keeps it busy through the update.",
+    )
 
     @model_validator(mode="after")
     def _choice_engine(self) -> "RolloutConfig":
@@ -787,6 +798,11 @@ class PipelineConfig(_Strict):
                 raise ValueError(
                     f"sft.enabled needs a scripted expert for every environment; none for {missing} "
                     f"(experts: {sorted(EXPERTS)}); drop those envs or set sft.enabled: false")
+        if self.rollout.async_steps and self.algorithm.recompute_old_logprobs:
+            raise ValueError(
+                "rollout.async_steps > 0 trains on episodes sampled by an older policy: the PPO ratio "
+                "must be taken against the sampler's log-probs, so set algorithm.recompute_old_logprobs: "
+                "false (or rollout.async_steps: 0)")
         if self.heldout.enabled and not any(e.eval_tasks for e in self.envs):
             raise ValueError("heldout.enabled needs eval_tasks on at least one environment; list "
                              "held-out task ids in envs[].eval_tasks or set heldout.enabled: false")

@@ -190,7 +190,10 @@ class PolicySession:
         self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
         self._trainer: Trainer | None = None
+        # updates the trainer has made, and the version whose weights the engine serves (the two
+        # differ between an update and the next weight sync: rollout.async_steps)
         self.policy_version = 0
+        self.engine_version = 0
         # (stage, iteration) -> {episode_id: critic values}: computed in the advantages step (GAE
         # needs them) and reused by that iteration's update as the value clip's reference. A
         # resumed update (no entry) recomputes them: the critic has not changed in between.
@@ -236,7 +239,7 @@ class PolicySession:
         wanted = self.cfg.rollout.tasks_per_iteration
         shaping = self.cfg.algorithm.invalid_action_penalty
         with self.store.episode_writer(stage=ref.stage, iteration=ref.iteration, global_step=ref.global_step,
-                                       policy_version=self.policy_version,
+                                       policy_version=self.engine_version,
                                        chunk_episodes=self.cfg.store.chunk_episodes) as writer:
             # dynamic sampling: draw again while too few groups carry a signal (max_draws 1: once);
             # a further draw plays only as many tasks as informative groups are still missing
@@ -417,8 +420,21 @@ class PolicySession:
         return out
 
     # -- 3. update + weight sync -----------------------------------------------------------
-    def update(self, ref: IterationRef) -> dict[str, Any]:
+    def update(self, ref: IterationRef, sync: bool = True) -> dict[str, Any]:
+        """PPO steps on the iteration's committed batch; ``sync``: then hand the new weights to
+        the engine (False with ``rollout.async_steps``: a rollout may be playing on the old ones;
+        :meth:`sync_if_behind` runs between rollouts). Refuses a batch sampled more than
+        ``rollout.async_steps`` updates ago (metric ``staleness``)."""
         algo = self.cfg.algorithm
+        sampled_by = self.store.read_table("episodes", stage=ref.stage, iteration=ref.iteration,
+                                           columns=["policy_version"])["policy_version"]
+        staleness = self.policy_version - int(sampled_by.min()) if len(sampled_by) else 0
+        if staleness > self.cfg.rollout.async_steps:
+            raise RuntimeError(
+                f"iteration {ref.iteration} of stage {ref.stage} was sampled by policy version "
+                f"{int(sampled_by.min())}, {staleness} updates before this one; rollout.async_steps="
+                f"{self.cfg.rollout.async_steps} allows {self.cfg.rollout.async_steps} (a run resumed "
+                "with a lower async_steps than it was rolled out with: resume it with the old value)")
         t_read = time.perf_counter()
         episodes = {e.episode_id: e for e in self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)}
         adv = self.store.read_table("advantages", stage=ref.stage, iteration=ref.iteration)
@@ -448,7 +464,8 @@ class PolicySession:
                 row["old_values"] = old_values.get(e.episode_id) if old_values else None
             rows.append(row)
         if not rows:
-            return {"updated": False, "skipped_episodes": float(skipped), "policy_version": self.policy_version}
+            return {"updated": False, "skipped_episodes": float(skipped), "policy_version": self.policy_version,
+                    "staleness": float(staleness)}
         if critic and any(r["old_values"] is None for r in rows):
             for r in rows:  # the trainer computes them before its first step
                 r["old_values"] = None
@@ -462,15 +479,16 @@ class PolicySession:
         t_train = time.perf_counter()
         metrics = trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
         t_sync = time.perf_counter()
-        self.sync_weights()
         self.policy_version += 1
+        if sync:
+            self.sync_weights()
         end = time.perf_counter()
         metrics = {**metrics, "time/update_store_read_s": read_s,
                    "time/train_batch_write_s": write_s, "time/trainer_start_s": t_train - t0 - write_s,
                    "time/train_s": t_sync - t_train, "time/weight_sync_s": end - t_sync}
         return {"updated": True, "update_seconds": end - t0,
                 "skipped_episodes": float(skipped), "train_episodes": float(len(rows)),
-                "policy_version": self.policy_version, **metrics}
+                "policy_version": self.policy_version, "staleness": float(staleness), **metrics}
 
     def sync_weights(self) -> None:
         """Hand the trainer's current policy to the inference engine: merged full weights, or
@@ -479,6 +497,16 @@ class PolicySession:
             self.engine.update_adapter(self.trainer.save_adapter)
         else:
             self.engine.update_weights(self.trainer.named_weights())
+        self.engine_version = self.policy_version
+
+    def sync_if_behind(self) -> dict[str, float]:
+        """Sync the weights if the trainer has updated since the engine's last sync (call it only
+        while no rollout plays: a sync inside a turn would mix two policies in one reply)."""
+        if self.engine_version >= self.policy_version:
+            return {"synced": 0.0, "time/weight_sync_s": 0.0}
+        t0 = time.perf_counter()
+        self.sync_weights()
+        return {"synced": 1.0, "time/weight_sync_s": time.perf_counter() - t0}
 
     def close(self) -> None:
         """Release the trainer (a resident group's ranks stop) and the inference engine."""

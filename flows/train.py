@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
 
 from agentgym import progress
 from agentgym.artifact_keys import artifact_key
@@ -29,7 +30,7 @@ from agentgym.run_summary import pipeline_description, stage_description, summar
 from agentgym.tracking import Tracker
 from tasks.links import TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeline_run_name, prefect_tags
 from tasks.rl import (collect_rollouts, compute_advantages, log_final_policy, publish_viewer, restore_policy,
-                      save_checkpoint, update_policy)
+                      save_checkpoint, sync_policy, update_policy)
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
 from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison, publish_learning_curve
 from tasks.runtime import drop_session
@@ -95,14 +96,25 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     tracker.describe(child, stage_description(run_id, index, horizon, iterations, start,
                                               links[TAG_FLOW_RUN_URL]))
     every = config.tracking.checkpoint_every
+    ahead = config.rollout.async_steps > 0
+    pending: PrefectFuture | None = None  # (async) the next iteration's rollout, playing meanwhile
+    ready: dict[str, Any] | None = None  # (async) the next iteration's rollout, already finished
     try:
         for it in range(start_iteration, iterations):
             gs = start + it
             pos = position(config.stages, gs)
             assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
-            rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
+            if pending is not None:
+                rollout, pending = pending.result(), None
+            elif ready is not None:
+                rollout, ready = ready, None
+            else:  # synchronous, and a stage's first iteration under async_steps
+                rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
+            if ahead and it + 1 < iterations:  # no rollout plays now: sync, then start the next one
+                sync_policy(config, run_id, index, it + 1)
+                pending = collect_rollouts.submit(config, run_id, index, it + 1, gs + 1, horizon)
             adv = compute_advantages(config, run_id, index, it, gs)
-            upd = update_policy(config, run_id, index, it, gs)
+            upd = update_policy(config, run_id, index, it, gs, sync=not ahead)
             metrics = {**iteration_metrics(rollout, adv, upd), "horizon": horizon}
             # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
             # killed attempt may have logged past its checkpoint to one run or both
@@ -113,6 +125,10 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             # ...and the evaluation it may have run before its checkpoint
             if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
                     and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
+                if ahead:  # the engine must be free, then serve this update's weights
+                    if pending is not None:
+                        ready, pending = pending.result(), None
+                    sync_policy(config, run_id, index, it + 1)
                 evaluate_live_run(config, run_id, EvalSettings(k=config.tracking.eval_k),
                                   EvalSink(mlflow_run_id=parent_mlflow_id, step=gs + 1))
             logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
@@ -121,7 +137,11 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             if every and (gs + 1) % every == 0 and it != iterations - 1:
                 save_checkpoint(config, run_id, child, index, gs + 1)
         checkpoint = save_checkpoint(config, run_id, child, index, start + iterations)
+        if ahead:  # the next stage starts on this stage's last update
+            sync_policy(config, run_id, index, iterations)
     except BaseException:  # the stage run must not stay RUNNING in MLflow; a re-run reopens it
+        if pending is not None:  # a rollout still playing is waited for (its commit is kept or not)
+            pending.wait()
         tracker.client.set_terminated(child, "FAILED")
         raise
     tracker.finish_stage(child)

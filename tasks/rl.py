@@ -43,7 +43,7 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     # a local folder, or downloaded once into a cache keyed by the artifact URI
     dst = materialize(ref.artifact_uri, config.tracking.tracking_uri, config.model.cache_dir)
     session = get_session(config, run_id, weights=dst, create=True)
-    session.policy_version = int(ref.meta.get("policy_version", ref.global_step))
+    session.policy_version = session.engine_version = int(ref.meta.get("policy_version", ref.global_step))
     if (dst / TRAINER_STATE).is_dir():  # exact resume: optimizer moments, schedule, RNG
         session.trainer.load_checkpoint(dst / TRAINER_STATE)
     return {"start_step": ref.global_step, "checkpoint": ref.artifact_uri}
@@ -70,18 +70,25 @@ def compute_advantages(config: PipelineConfig, run_id: str, stage: int, iteratio
 
 @task(name="update_policy", task_run_name="update_policy[stage {stage} it {iteration}]", cache_policy=NO_CACHE)
 def update_policy(config: PipelineConfig, run_id: str, stage: int, iteration: int,
-                  global_step: int) -> dict[str, Any]:
-    """PPO-clip steps on the committed batch, then sync the weights to the rollout engine.
+                  global_step: int, sync: bool = True) -> dict[str, Any]:
+    """PPO-clip steps on the committed batch, then (``sync``) the weights to the rollout engine.
 
     No retries: a failed update leaves the optimizer mid-step. When a training rank dies the
     ``GroupError`` names it; the session (and what is left of its group) is dropped, so the
     next attempt, a re-run with the same run id, starts a new group from the latest checkpoint.
     """
     try:
-        return get_session(config, run_id).update(IterationRef(stage, iteration, global_step))
+        return get_session(config, run_id).update(IterationRef(stage, iteration, global_step), sync=sync)
     except GroupError:
         drop_session(run_id)
         raise
+
+
+@task(name="sync_policy", task_run_name="sync_policy[stage {stage} it {iteration}]", cache_policy=NO_CACHE)
+def sync_policy(config: PipelineConfig, run_id: str, stage: int, iteration: int) -> dict[str, float]:
+    """Hand the trainer's latest weights to the engine if it is behind (rollout.async_steps: the
+    flow calls it between rollouts, before starting iteration ``iteration``'s)."""
+    return get_session(config, run_id).sync_if_behind()
 
 
 @task(name="save_checkpoint", task_run_name="save_checkpoint[stage {stage} step {global_step}]", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
