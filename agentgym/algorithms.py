@@ -379,7 +379,7 @@ def turn_index(loss_mask: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(m, seg, torch.full_like(seg, -1)), starts.sum(dim=1)
 
 
-def _turn_columns(turn_mask: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _turn_columns(turn_mask: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor, int]:
     """For each policy token, the column (in the turn tensors) of its turn: the j-th run of policy
     tokens of a row belongs to the j-th EXISTING turn (``turn_mask == 1``) of that row.
     Returns ``(col (B,T) long, 0 at masked tokens; policy-token mask (B,T) bool; K >= 1)``.
@@ -582,6 +582,7 @@ def turn_credit_advantages(
             return masked_whiten(g_tok, m, eps=whiten_eps), g_tok
         idx, n_groups = group_index(group_ids, r.shape[0], r.device)
         if baseline == "state":
+            assert state_ids is not None  # checked above, with its error
             a = _state_group_advantages(est, r, G, tm, idx, n_groups, state_ids, step_advantage_weight,
                                         norm_by_std, eps)
             return broadcast_turns(a, tm, loss_mask).to(dtype), g_tok

@@ -44,6 +44,11 @@ class RankServer:
             "advance_lr_schedule": self.advance_lr_schedule,
         }
 
+    def _trainer(self) -> T.PolicyTrainer:
+        if self.trainer is None:
+            raise RuntimeError(f"rank {self.rank} has no trainer yet: the driver sends 'init' first")
+        return self.trainer
+
     # -- commands: msg -> result -----------------------------------------------------------
     def init(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.trainer = T.PolicyTrainer(
@@ -54,30 +59,30 @@ class RankServer:
         return {}
 
     def train(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {"metrics": self.trainer.train_on_batch(
+        return {"metrics": self._trainer().train_on_batch(
             T.TrainBatch(**msg["batch"]), seed=msg["seed"], objective=msg.get("objective", "ppo"),
             epochs=msg.get("epochs"), mini_batches=msg.get("mini_batches"))}
 
     def train_from_store(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The batch comes from the trajectory store, not over the connection."""
-        return {"metrics": self.trainer.train_from_store(msg["store"], msg["stage"], msg["iteration"],
-                                                         seed=msg["seed"])}
+        return {"metrics": self._trainer().train_from_store(msg["store"], msg["stage"], msg["iteration"],
+                                                            seed=msg["seed"])}
 
     def compute(self, msg: dict[str, Any]) -> dict[str, Any]:
-        got = self.trainer.compute(T.TrainBatch(**msg["batch"]), msg["what"])
+        got = self._trainer().compute(T.TrainBatch(**msg["batch"]), msg["what"])
         return {"tensors": got if self.rank == 0 else {}}
 
     def sft_metrics(self, msg: dict[str, Any]) -> dict[str, Any]:
-        got = self.trainer.sft_metrics(T.TrainBatch(**msg["batch"]))
+        got = self._trainer().sft_metrics(T.TrainBatch(**msg["batch"]))
         return {"metrics": got if self.rank == 0 else {}}
 
     def advance_lr_schedule(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.trainer.advance_lr_schedule(msg["steps"])
+        self._trainer().advance_lr_schedule(msg["steps"])
         return {}
 
     def weights(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Every rank iterates (ZeRO-3 gathers); rank 0 streams each tensor before its reply."""
-        for name, t in self.trainer.named_weights():
+        for name, t in self._trainer().named_weights():
             if self.rank == 0:
                 t = t.detach()
                 if t.untyped_storage().nbytes() != t.nbytes or not t.is_contiguous():
@@ -87,25 +92,25 @@ class RankServer:
 
     def digest(self, msg: dict[str, Any]) -> dict[str, Any]:
         h = hashlib.sha256()
-        for name, t in self.trainer.named_weights():
+        for name, t in self._trainer().named_weights():
             h.update(name.encode())
             h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         return {"digest": h.hexdigest()}
 
     def save_hf(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.trainer.save_hf(msg["dir"], None)
+        self._trainer().save_hf(msg["dir"], None)
         return {}
 
     def save_adapter(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.trainer.save_adapter(msg["dir"])
+        self._trainer().save_adapter(msg["dir"])
         return {}
 
     def save_checkpoint(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.trainer.save_checkpoint(msg["dir"], msg["client_state"])
+        self._trainer().save_checkpoint(msg["dir"], msg["client_state"])
         return {}
 
     def load_checkpoint(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {"client_state": self.trainer.load_checkpoint(msg["dir"])}
+        return {"client_state": self._trainer().load_checkpoint(msg["dir"])}
 
     # -- the loop --------------------------------------------------------------------------
     def serve(self) -> int:

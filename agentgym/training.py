@@ -37,11 +37,11 @@ import types
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, cast
 
 import numpy as np
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentgym import algorithms as A
 from agentgym.hardware import resolve_bf16
@@ -51,6 +51,12 @@ from agentgym.diskspace import disk_errors
 from agentgym.dist_env import init_single_process_dist
 from agentgym.patches.deepspeed import exclude_frozen_aliases, step_without_bookkeeping
 from agentgym.store import TrajectoryStore
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+    # the policy: a transformers causal LM, or with LoRA peft's model around one
+    Policy = PreTrainedModel | PeftModel
 
 CHECKPOINT_TAG = "ds"  # DeepSpeed's tag (subfolder) inside a checkpoint folder
 CRITIC_DIR = "critic"  # the critic's subfolder in exports and trainer checkpoints
@@ -176,7 +182,7 @@ def lr_lambda(cfg: TrainerConfig):
     return f
 
 
-def freeze_below(model: torch.nn.Module, train_layers: int) -> None:
+def freeze_below(model: PreTrainedModel, train_layers: int) -> None:
     """Train only the top ``train_layers`` decoder layers and the final norm: the embeddings
     (tied to the LM head in small models) and the layers below are frozen, so the backward pass
     stops at the lowest trained layer. Measured on SmolLM2-135M (30 layers, fp32, 2 CPU cores):
@@ -205,7 +211,7 @@ def values_from_hidden(value_head: torch.nn.Module, hidden: torch.Tensor) -> tor
 
 
 def token_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, with_entropy: bool
+    model: Policy, batch: TrainBatch, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (B, T) of each token given its prefix, 0 at position 0 and masked positions.
 
@@ -217,7 +223,7 @@ def token_logprobs(
 
 
 def _policy_forward(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, with_entropy: bool,
+    model: Policy, batch: TrainBatch, temperature: float, with_entropy: bool,
     value_head: torch.nn.Module | None = None, with_accuracy: bool = False, entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``token_logprobs`` plus, given a value head, the values (B, T) from the same hidden states,
@@ -259,7 +265,7 @@ class _LogprobModel(torch.nn.Module):
     and hooks the outputs to start each backward). Calling the policy's submodules directly
     silently dropped accumulated gradients under ZeRO-3."""
 
-    def __init__(self, policy: torch.nn.Module, value_head: torch.nn.Module | None = None):
+    def __init__(self, policy: Policy, value_head: torch.nn.Module | None = None):
         super().__init__()
         self.policy = policy
         if value_head is not None:  # critic.model=shared: a value head on the policy's trunk
@@ -380,6 +386,14 @@ class _FiniteWatch:
                 self._skip = False
 
 
+class PadTokenSource(Protocol):
+    """What ``PolicyTrainer`` reads of its tokenizer: the pad token id (a group's ranks get only
+    that, ``group_worker``)."""
+
+    @property
+    def pad_token_id(self) -> int | None: ...
+
+
 class PolicyTrainer:
     """A DeepSpeed engine over the policy, plus a frozen reference model when KL is used and a
     critic (a second engine, or a value head in the policy's) for estimator gae."""
@@ -387,7 +401,7 @@ class PolicyTrainer:
     def __init__(
         self,
         model_path: str | Path,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: PadTokenSource,
         trainer: TrainerConfig,
         algorithm: AlgorithmConfig,
         temperature: float = 1.0,
@@ -411,17 +425,19 @@ class PolicyTrainer:
         if trainer.train_layers is not None:
             freeze_below(model, trainer.train_layers)
         self.lora = trainer.lora is not None
+        policy: Policy = model
         if trainer.lora is not None:
             from peft import LoraConfig, get_peft_model
 
             lc = trainer.lora
-            model = get_peft_model(model, LoraConfig(
-                r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, bias="none",
+            policy = get_peft_model(model, LoraConfig(
+                # peft annotates lora_alpha as int; it scales by lora_alpha / r, a float alike
+                r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, bias="none",  # type: ignore[arg-type]
                 target_modules=lc.target_modules, modules_to_save=list(lc.modules_to_save) or None,
                 task_type="CAUSAL_LM",
             ))
             if trainer.gradient_checkpointing:
-                model.enable_input_require_grads()  # frozen embeddings: checkpoints need a grad path
+                policy.enable_input_require_grads()  # frozen embeddings: checkpoints need a grad path
         self.critic_mode = algorithm.critic.model
         ds_config = {
             "train_micro_batch_size_per_gpu": trainer.micro_batch_size,
@@ -432,11 +448,11 @@ class PolicyTrainer:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
-        groups = [{"params": [p for p in model.parameters() if p.requires_grad],
+        groups = [{"params": [p for p in policy.parameters() if p.requires_grad],
                    "lr": trainer.learning_rate, "weight_decay": trainer.weight_decay}]
         head = None
         if self.critic_mode == "shared":
-            head = _new_value_head(model.config.hidden_size)
+            head = _new_value_head(policy.config.hidden_size)
             saved = read_critic_folder(model_path, "shared")
             if saved is not None:
                 _load_value_head(head, saved)
@@ -444,7 +460,7 @@ class PolicyTrainer:
                            "weight_decay": algorithm.critic.weight_decay})
         optimizer = torch.optim.AdamW(groups, lr=trainer.learning_rate, weight_decay=trainer.weight_decay)
         schedule = lr_lambda(trainer)
-        wrapped = _LogprobModel(model, head)
+        wrapped = _LogprobModel(policy, head)
         self._watch = _FiniteWatch(wrapped, optimizer)
         # A callable: DeepSpeed builds the scheduler on the optimizer it really steps, steps it
         # at each accumulation boundary (= optimizer step) and keeps it in its checkpoints.
@@ -458,11 +474,11 @@ class PolicyTrainer:
         self._critic_watch: _FiniteWatch | None = None
         self.nonfinite_streak = 0  # optimizer steps skipped in a row (NonFiniteTrainingError at the max)
         self.nonfinite_skips = 0  # optimizer steps skipped since the trainer started
-        self.critic_engine = None
+        self.critic_engine: Any = None  # DeepSpeed's engine over the separate critic (untyped)
         self.critic_steps = 0
         if self.critic_mode == "separate":
             self._build_separate_critic(model_path, ds_config)
-        self.ref: torch.nn.Module | None = None
+        self.ref: PreTrainedModel | None = None
         if algorithm.kl_coef > 0:
             dtype = torch.bfloat16 if resolve_bf16(trainer.bf16) else torch.float32
             self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, local_files_only=True)
@@ -503,9 +519,18 @@ class PolicyTrainer:
 
     # -- weights ---------------------------------------------------------------------------
     @property
-    def module(self) -> torch.nn.Module:
+    def module(self) -> Policy:
         """The policy (a peft model with LoRA) inside the engine."""
         return self.engine.module.policy
+
+    def _lora_base(self) -> PreTrainedModel:
+        """With LoRA: the transformers model under peft's wrapper, adapter layers in place."""
+        from peft import PeftModel
+
+        module = self.module
+        if not isinstance(module, PeftModel):
+            raise RuntimeError("the policy has no LoRA adapter (trainer.lora is null)")
+        return cast(PreTrainedModel, module.get_base_model())  # peft types it as a torch Module
 
     @property
     def zero3(self) -> bool:
@@ -540,8 +565,10 @@ class PolicyTrainer:
     def _merged_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         from peft.tuners.lora import LoraLayer
 
-        base = self.module.get_base_model()
-        adapted = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+        base = self._lora_base()
+        # peft's LoRA layers (lora.Linear, Embedding, ...): torch modules with get_delta_weight;
+        # LoraLayer, the mixin they share, declares neither
+        adapted: dict[str, Any] = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
         handled: set[str] = set()
         for name, m in adapted.items():
             params = [p for p in m.parameters()]
@@ -578,7 +605,7 @@ class PolicyTrainer:
                     state = {n: p.detach().clone() for n, p in params}
             if self.rank == 0:
                 out.mkdir(parents=True, exist_ok=True)
-                self.module.save_pretrained(out, state_dict=state, safe_serialization=True)
+                self.module.save_pretrained(str(out), state_dict=state, safe_serialization=True)
         return out
 
     def save_hf(self, out_dir: str | Path, tokenizer: PreTrainedTokenizerBase | None) -> Path:
@@ -592,13 +619,13 @@ class PolicyTrainer:
         if not self.lora and not self.zero3:
             if self.rank == 0:
                 out.mkdir(parents=True, exist_ok=True)
-                self.module.save_pretrained(out, safe_serialization=True)
+                self.module.save_pretrained(str(out), safe_serialization=True)
         else:
             state = dict(self.named_weights())
             if self.rank == 0:
                 out.mkdir(parents=True, exist_ok=True)
-                base = self.module.get_base_model() if self.lora else self.module
-                base.save_pretrained(out, state_dict=state, safe_serialization=True)
+                base = self._lora_base() if self.lora else self.module
+                base.save_pretrained(str(out), state_dict=state, safe_serialization=True)
         if tokenizer is not None and self.rank == 0:
             tokenizer.save_pretrained(out)
         if self.has_critic:
@@ -732,7 +759,7 @@ class PolicyTrainer:
                         parts["values"].append(out[2].float().cpu())
                 if "values" in what and self.critic_mode == "separate":
                     parts["values"].append(self.critic_engine(mb.input_ids, mb.attention_mask).float().cpu())
-                if "ref_logprobs" in what:
+                if "ref_logprobs" in what and self.ref is not None:  # checked above: it is there
                     parts["ref_logprobs"].append(token_logprobs(self.ref, mb, self.temperature, False)[0].float().cpu())
         finally:
             self.engine.train(was_training)
@@ -771,7 +798,6 @@ class PolicyTrainer:
 
     # -- update ----------------------------------------------------------------------------
     def _micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        agg = {"loss_agg": self.algo.loss_agg, "norm_length": norm_length}
         shared = self.critic_mode == "shared"
         out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True, shared,
                           entropy_grad=bool(self.algo.entropy_coef))
@@ -779,7 +805,7 @@ class PolicyTrainer:
         loss, m = A.policy_loss(
             lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
             clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
-            dual_clip=self.algo.dual_clip, **agg,
+            dual_clip=self.algo.dual_clip, loss_agg=self.algo.loss_agg, norm_length=norm_length,
         )
         metrics = dict(m)  # policy_loss (the clipped objective), clipfrac, approx_kl, ratio_mean ...
         ent_term = A.aggregate_loss(ent, mb.loss_mask, self.algo.loss_agg, norm_length=norm_length)
@@ -811,6 +837,8 @@ class PolicyTrainer:
     def _value_loss(self, values: torch.Tensor, mb: TrainBatch,
                     norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         cc = self.algo.critic
+        if mb.old_values is None or mb.returns is None:  # _prepare fills both for a critic
+            raise ValueError("the value loss needs the batch's old_values and returns (a critic's batch)")
         vloss, vm = A.value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=cc.value_clip,
                                  loss_agg=self.algo.loss_agg, norm_length=norm_length)
         return vloss, {"vf_loss": vm["vf_loss"], "vf_clipfrac": vm["vf_clipfrac"], "vpred_mean": vm["vpred_mean"]}
@@ -949,8 +977,8 @@ class PolicyTrainer:
                     skipped += 1
                     continue
                 self.nonfinite_streak = 0
-                for key, v in step_history.items():
-                    history.setdefault(key, []).extend(v)
+                for key, values in step_history.items():
+                    history.setdefault(key, []).extend(values)
                 lr = float(self.optimizer.param_groups[0]["lr"])
                 self.engine.step()
                 step_losses.append(step_loss)
@@ -973,11 +1001,11 @@ class PolicyTrainer:
             torch.distributed.all_gather_object(pooled, local)
             merged: dict[str, list[float]] = {}
             for h in pooled:
-                for k, v in h.items():
-                    merged.setdefault(k, []).extend(v)
-            for k in ("grad_norm", "critic_grad_norm"):  # already global (all-reduced) norms
-                if k in history:
-                    merged[k] = history[k]
+                for key, values in h.items():
+                    merged.setdefault(key, []).extend(values)
+            for key in ("grad_norm", "critic_grad_norm"):  # already global (all-reduced) norms
+                if key in history:
+                    merged[key] = history[key]
             history = merged
         self.optimizer_steps += steps
         out = {k: float(np.nanmean(v)) if not all(np.isnan(v)) else float("nan") for k, v in history.items()}

@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from agentgym.engines.base import Sample, SamplingParams, check_prompts
 
@@ -71,10 +71,18 @@ def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
     return groups
 
 
+def _layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's keys and values, (B, heads, T, head_dim) each."""
+    if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+        raise TypeError(f"the KV cache holds a {type(layer).__name__} without keys and values (an empty or "
+                        "a non-attention layer); this engine reuses attention layers' keys and values only")
+    return layer.keys, layer.values
+
+
 def _row_kv(cache: DynamicCache, row: int, attn_row: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Row ``row``'s keys/values at the positions ``attn_row`` marks (its pads dropped), per layer."""
     valid = attn_row.bool()
-    return [(layer.keys[row][:, valid], layer.values[row][:, valid]) for layer in cache.layers]
+    return [(k[row][:, valid], v[row][:, valid]) for k, v in map(_layer_kv, cache.layers)]
 
 
 class ReservedLayer(DynamicLayer):
@@ -95,8 +103,14 @@ class ReservedLayer(DynamicLayer):
             self.device, self.is_initialized = keys.device, True
             self._views()
 
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._k is None or self._v is None:
+            raise RuntimeError("ReservedLayer: no key/value buffers before the first update")
+        return self._k, self._v
+
     def _views(self) -> None:
-        self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
+        k, v = self._buffers()
+        self.keys, self.values = k[:, :, : self._len], v[:, :, : self._len]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.is_initialized = key_states.device, True
@@ -110,10 +124,11 @@ class ReservedLayer(DynamicLayer):
             k = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
             v = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
             if self._len:
-                k[:, :, : self._len], v[:, :, : self._len] = self.keys, self.values
+                k[:, :, : self._len], v[:, :, : self._len] = _layer_kv(self)
             self._k, self._v = k, v
-        self._k[:, :, self._len : self._len + new] = key_states
-        self._v[:, :, self._len : self._len + new] = value_states
+        k, v = self._buffers()
+        k[:, :, self._len : self._len + new] = key_states
+        v[:, :, self._len : self._len + new] = value_states
         self._len += new
         self._views()
         return self.keys, self.values
@@ -123,7 +138,8 @@ class ReservedLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self._len:
-            self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+            k, v = self._buffers()
+            self._k, self._v = k[indices, ...], v[indices, ...]
             self._views()
 
 
@@ -131,7 +147,8 @@ def reserved_cache(data: list[tuple[torch.Tensor, torch.Tensor, int]] | None, re
     """A ``DynamicCache`` of ``ReservedLayer``s: one per ``(keys buffer, values buffer, filled
     length)`` of ``data``, or empty layers made on first use."""
     cache = DynamicCache()
-    cache.layer_class_to_replicate = lambda: ReservedLayer(reserve)
+    # transformers types it as a layer class but only calls it: a factory serves
+    cache.layer_class_to_replicate = lambda: ReservedLayer(reserve)  # type: ignore[assignment]
     cache.layers = [ReservedLayer(reserve, k, v, n) for k, v, n in data or []]
     return cache
 
@@ -227,7 +244,7 @@ class HFEngine:
 
     def _stopped_by_string(self, ids: list[int], stops: list[str]) -> bool:
         # Leading whitespace does not count: "Action:" + "\n" + "go to ..." is not an empty reply.
-        body = self.tokenizer.decode(ids, skip_special_tokens=True).lstrip()
+        body = cast(str, self.tokenizer.decode(ids, skip_special_tokens=True)).lstrip()  # one sequence: a str
         return any(s in body for s in stops)
 
     def _forward(self, ids, attn, pos, cache) -> torch.Tensor:
@@ -533,7 +550,7 @@ class HFEngine:
         # the rows' keys/values (index_select copies them, so ``cache`` is not modified); as
         # ``ReservedLayer``s, the tree's keys/values are added with one more copy, where a
         # ``DynamicCache`` built from them would copy the rows once more first
-        data = [(layer.keys.index_select(0, sel), layer.values.index_select(0, sel), width) for layer in cache.layers]
+        data = [(k.index_select(0, sel), v.index_select(0, sel), width) for k, v in map(_layer_kv, cache.layers)]
         logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                             position_ids=pos.to(device), use_cache=True, logits_to_keep=0,
                             **{self._cache_kw: reserved_cache(data, 0)}).logits.float()
