@@ -55,6 +55,7 @@ A browser that crashes, hangs or cannot start raises :class:`InfraError`; a miss
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -131,7 +132,8 @@ def find_chromium(binary: str | None = None, driver: str | None = None) -> tuple
         filter(None, (shutil.which(n) for n in _BROWSER_NAMES)), None)
     driver = driver or os.environ.get("MINIWOB_CHROMEDRIVER") or next(
         filter(None, (shutil.which(n) for n in _DRIVER_NAMES)), None)
-    return binary, driver
+    runnable = [p if p and os.path.isfile(p) and os.access(p, os.X_OK) else None for p in (binary, driver)]
+    return runnable[0], runnable[1]
 
 
 def chromium_missing(binary: str | None = None, driver: str | None = None) -> str | None:
@@ -160,7 +162,8 @@ def family_of(task_id: int, families: tuple[str, ...] = FAMILIES) -> tuple[str, 
     return families[int(task_id) % len(families)], int(task_id) // len(families)
 
 
-def _browser_class():
+@functools.cache
+def _browser_class() -> Any:
     """:class:`SeleniumInstance` with this adapter's Chromium and one page per family."""
     from miniwob.fields import get_field_extractor
     from miniwob.selenium_instance import SeleniumInstance
@@ -390,7 +393,18 @@ class MiniWoBEnv(TextEnv):
                 name = ""
                 if str(e["value"]):
                     props.append(("value", str(e["value"])))
-            return AXNode(role, name, None if tag == "t" else ref, props, [node(c) for c in children])
+            return AXNode(role, name, None if tag == "t" else ref, props, merged([node(c) for c in children]))
+
+        def merged(nodes: list[AXNode]) -> list[AXNode]:
+            """Adjacent text pieces as one ``StaticText``: MiniWoB cuts a text node at every line
+            wrap (so at font-dependent places); a browser's tree has one node per text."""
+            out: list[AXNode] = []
+            for n in nodes:
+                if out and n.role == "StaticText" and out[-1].role == "StaticText":
+                    out[-1] = AXNode("StaticText", f"{out[-1].name} {n.name}")
+                else:
+                    out.append(n)
+            return out
 
         self.tree = node(root_el)
         self.shown = visible_nodes(self.tree)
