@@ -375,7 +375,7 @@ class PolicySession:
                  "advantages": [0.0] * len(e.input_ids), "context_starts": e.context_starts} for e in episodes]
         seg_rows, spans = split_rows(rows)
         got = self.trainer.compute(TrainBatch.from_rows(seg_rows, self._pad_id()), need)
-        shape = tuple(batch.input_ids.shape)
+        shape = (batch.input_ids.shape[0], batch.input_ids.shape[1])
         return {k: merge_segments(v, spans, shape) for k, v in got.items()}
 
     def _pad_id(self) -> int:
@@ -456,9 +456,9 @@ class PolicySession:
             if algo.skip_tied_groups and group_estimator and e.episode_id in tied and not any(advantages):
                 skipped += 1
                 continue
-            row = {"episode_id": e.episode_id, "input_ids": e.input_ids, "loss_mask": e.loss_mask,
-                   "old_logprobs": e.old_logprobs, "advantages": advantages,
-                   "context_starts": e.context_starts}
+            row: dict[str, Any] = {"episode_id": e.episode_id, "input_ids": e.input_ids, "loss_mask": e.loss_mask,
+                                   "old_logprobs": e.old_logprobs, "advantages": advantages,
+                                   "context_starts": e.context_starts}
             if critic:
                 row["returns"] = list(rec.returns)
                 row["old_values"] = old_values.get(e.episode_id) if old_values else None

@@ -298,6 +298,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
         if err:
             _fail(lv, err)
             continue
+        assert out is not None  # a step without an error has its result
         res, latency, summary = out
         if record_step(lv.ep, turn, settings.horizon, lv.observation, replies[j], res,
                        gen_tokens=len(samples[j].token_ids), latency_ms=latency, state=lv.state):
@@ -350,16 +351,16 @@ def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list
     ``engine.generate`` where it has none (two batched calls at most)."""
     out: list[Any] = [None] * len(fits)
     free = [j for j, c in enumerate(choices) if c is None]
-    chosen = [j for j, c in enumerate(choices) if c is not None]
+    chosen = [(j, c) for j, c in enumerate(choices) if c is not None]
     if free:
         got = engine.generate([fits[j].prompt() for j in free], params,
                               cache_keys=[fits[j].ep.episode_id for j in free])
         for j, sample in zip(free, got):
             out[j] = sample
     if chosen:
-        got = engine.choose([fits[j].prompt() for j in chosen], [choices[j] for j in chosen], params,
-                            cache_keys=[fits[j].ep.episode_id for j in chosen])
-        for j, sample in zip(chosen, got):
+        got = engine.choose([fits[j].prompt() for j, _ in chosen], [c for _, c in chosen], params,
+                            cache_keys=[fits[j].ep.episode_id for j, _ in chosen])
+        for (j, _), sample in zip(chosen, got):
             out[j] = sample
     return out
 

@@ -551,7 +551,7 @@ class TrajectoryStore:
                     raise ValueError(f"episode {ep.episode_id}: turn of type {type(t).__name__}")
 
         n = len(episodes)
-        ep_cols = {
+        ep_cols: dict[str, list[Any]] = {
             "run_id": [self.run_id] * n,
             "global_step": [global_step] * n,
             "episode_id": [e.episode_id for e in episodes],
@@ -575,7 +575,7 @@ class TrajectoryStore:
             "context_starts": [e.context_starts for e in episodes],
         }
         turn_rows = [(e, t) for e in episodes for t in e.turns]
-        tu_cols = {
+        tu_cols: dict[str, list[Any]] = {
             "run_id": [self.run_id] * len(turn_rows),
             "episode_id": [e.episode_id for e, _ in turn_rows],
             "env": [e.env for e, _ in turn_rows],
@@ -1023,7 +1023,7 @@ class TrajectoryStore:
             read = turn_fields if turn_text else [c for c in turn_fields if c not in TURN_TEXT]
             tt = self.read_arrow("turns", stage=stage, iteration=iteration,
                                  columns=["episode_id", *read])
-            blank = {} if turn_text else {"observation": "", "action_text": "", "parsed_action": None}
+            blank: dict[str, Any] = {} if turn_text else {"observation": "", "action_text": "", "parsed_action": None}
             for r in tt.to_pylist():
                 eid = r.pop("episode_id")
                 turns.setdefault(eid, []).append(Turn(**r, **blank))

@@ -55,6 +55,9 @@ class InferenceEngine(Protocol):
     #: wall seconds spent inside ``generate`` / ``choose`` since the engine was built (the
     #: pipeline's ``time/generate_s`` is the difference across one rollout)
     generate_seconds: float
+    #: tokens sampled by ``generate`` / ``choose`` since the engine was built (the pipeline's
+    #: throughput metrics take the difference across one rollout)
+    generated_tokens: int
     #: True: the policy reaches this engine as a LoRA adapter (``update_adapter``), not as
     #: merged weights (``update_weights``)
     syncs_adapters: bool
