@@ -62,7 +62,7 @@ import tempfile
 import time
 from typing import Any
 
-from env_adapters.base import InfraError, StepResult, TextEnv, format_error
+from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf8_safe
 from env_adapters.web_text import AXNode, WebAction, parse_web_reply, render_accessibility_tree, visible_nodes
 
 #: Task families served by default: element clicks, checkboxes, radios, text entry. Each was run
@@ -449,7 +449,9 @@ class MiniWoBEnv(TextEnv):
                 "parsed_action": None}
         if self._done:
             return StepResult("The episode is over.", 0.0, True, False, {**base, "success": self.success})
-        action, why = parse_web_reply(action_text, self.max_reply_chars)
+        # lone surrogates (invalid UTF-8 from a tokenizer) cannot travel to the browser: U+FFFD
+        reply = utf8_safe(action_text) if isinstance(action_text, str) else action_text
+        action, why = parse_web_reply(reply, self.max_reply_chars)
         if action is None:
             return format_error(
                 f"Invalid action: {why}. Write one action inside triple backticks, e.g. "

@@ -230,6 +230,10 @@ def test_malformed_replies_are_format_errors_and_impossible_actions_invalid(env)
         assert res.info["invalid_action"] is True and res.info["format_error"] is False, wrong
         assert res.reward == 0.0 and not res.terminated and why in res.observation, (wrong, res.observation)
     assert env.observe().split("URL:")[0] == page  # none of it touched the page
+    for text in ["日本語 😀", "nul\x00 tab\t", "\udcff\ud800"]:  # typed, never an exception
+        env.reset(ENTER_TEXT)
+        res = act(env, f"type [{element(env, 'textbox')}] [{text}] [0]")
+        assert not res.info["invalid_action"] and not res.info["format_error"] and not res.terminated
     res = act(env, "press [Tab]")  # a key press, accepted
     assert not res.info["invalid_action"] and not res.terminated
     res = act(env, "scroll [down]")
