@@ -6,7 +6,7 @@ where apt-get is available) and skip, saying so, without them. Measured 2026-12-
 CPU machine: the expert solves 34 of 34 tasks (two instances of each of the 17 families; 340 of
 340 with twenty each), the random valid-action policy 19 of 34 at horizon 5 (MiniWoB's pages end
 an episode at the first click on a wrong button, and some pages have one button). The file takes
-~60-70 s here (each MiniWoBEnv starts its own Chromium, ~1-2 s).
+45-75 s here (each MiniWoBEnv starts its own Chromium, ~1-2 s).
 """
 
 from __future__ import annotations
