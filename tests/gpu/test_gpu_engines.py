@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from agentgym.engines import SamplingParams  # noqa: E402
 from agentgym.engines.hf import HFEngine  # noqa: E402
-from agentgym.models import build_tiny_model, load_model  # noqa: E402
+from agentgym.models import load_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -44,13 +44,6 @@ TEXTS = [
 
 def _vllm():
     return pytest.importorskip("vllm", reason="vllm (CUDA build) is not installed")
-
-
-@pytest.fixture(scope="module")
-def tiny_gpu_path(tmp_path_factory):
-    # head_dim 64: the sizes every vLLM attention backend takes
-    return build_tiny_model(tmp_path_factory.mktemp("gpu-models") / "tiny-hd64",
-                            hidden_size=256, heads=4, kv_heads=2, layers=2)
 
 
 @pytest.fixture(scope="module")
