@@ -313,27 +313,7 @@ class PolicySession:
             kl = A.kl_penalty(old_lp, computed["ref_logprobs"], algo.kl_estimator) * mask
             penalty = -algo.kl_coef * kl
             extra["kl"] = float(A.masked_mean(kl, mask))
-        if algo.credit == "turn":
-            turn_rewards, turn_mask = self._turn_rewards(episodes, algo.invalid_action_penalty)
-            if gae:
-                token_rewards = A.place_rewards_on_turn_ends(turn_rewards, turn_mask, mask) + penalty
-            else:
-                turn_rewards = turn_rewards + A.turn_sums(penalty, turn_mask, mask)
-                adv, ret = A.turn_credit_advantages(
-                    algo.estimator, turn_rewards, turn_mask, mask, groups,
-                    turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline or "turn",
-                    norm_by_std=algo.norm_adv_by_std,
-                    state_ids=(self._state_ids(episodes, turn_mask.shape[1])
-                               if algo.turn_baseline == "state" else None),
-                    step_advantage_weight=algo.step_advantage_weight,
-                )
-        else:
-            token_rewards = A.place_outcome_reward(rewards, mask) + penalty
-        if not (algo.credit == "turn" and not gae):
-            adv, ret = A.compute_advantages(
-                algo.estimator, token_rewards, mask, groups, values=computed.get("values"),
-                gamma=algo.gamma, lam=algo.lam, norm_by_std=algo.norm_adv_by_std,
-            )
+        adv, ret = self._credit(episodes, rewards, penalty, mask, groups, computed.get("values"))
         if gae:
             values = computed["values"]
             extra["explained_variance"] = A.explained_variance(values, ret, mask)
@@ -365,6 +345,27 @@ class PolicySession:
             "adv_std": float(adv_tokens.std()) if adv_tokens.numel() > 1 else 0.0,
             **extra,
         }
+
+    def _credit(self, episodes: list[Episode], rewards: torch.Tensor, penalty: torch.Tensor, mask: torch.Tensor,
+                groups: list[str], values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns), (B, T), by ``algorithm.credit`` and the estimator. ``penalty``:
+        per-token reward terms (the KL in the rewards), added to whichever rewards are credited."""
+        algo = self.cfg.algorithm
+        if algo.credit != "turn":  # outcome: the episode's score on its last policy token
+            token_rewards = A.place_outcome_reward(rewards, mask) + penalty
+            return A.compute_advantages(algo.estimator, token_rewards, mask, groups, values=values, gamma=algo.gamma,
+                                        lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
+        turn_rewards, turn_mask = self._turn_rewards(episodes, algo.invalid_action_penalty)
+        if algo.estimator is Estimator.GAE:  # the critic bootstraps across turns: each turn's reward on its last token
+            token_rewards = A.place_rewards_on_turn_ends(turn_rewards, turn_mask, mask) + penalty
+            return A.compute_advantages(algo.estimator, token_rewards, mask, groups, values=values, gamma=algo.gamma,
+                                        lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
+        # group estimators and REINFORCE++: discounted turn returns against a turn-level baseline
+        return A.turn_credit_advantages(
+            algo.estimator, turn_rewards + A.turn_sums(penalty, turn_mask, mask), turn_mask, mask, groups,
+            turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline or "turn", norm_by_std=algo.norm_adv_by_std,
+            state_ids=self._state_ids(episodes, turn_mask.shape[1]) if algo.turn_baseline == "state" else None,
+            step_advantage_weight=algo.step_advantage_weight)
 
     def _compute(self, episodes: list[Episode], batch: TrainBatch, need: list[str]) -> dict[str, torch.Tensor]:
         """The trainer's per-token ``need`` (values, log-probs) on the episode layout of ``batch``:
