@@ -23,6 +23,7 @@ from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.store import TrajectoryStore
 from agentgym.trainer import Trainer, create_trainer
 from agentgym.training import PolicyTrainer, TrainBatch
+from batches import synthetic_rows  # tests/ is on sys.path
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,16 +35,7 @@ LOSS_RTOL = 1e-6
 
 
 def _rows(vocab: int, n: int, seed: int) -> list[dict]:
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        length = 12 + i
-        ids = torch.randint(6, vocab, (length,), generator=g).tolist()
-        mask = [0] * 5 + [1] * 4 + [0] * 2 + [1] * (length - 11)
-        rows.append({"episode_id": f"e{i}", "input_ids": ids, "loss_mask": mask,
-                     "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
-                     "advantages": [(float(i % 3) - 1.0) * m for m in mask]})
-    return rows
+    return synthetic_rows(vocab, n, seed, ids=True)
 
 
 def _batch(vocab: int, n: int, seed: int) -> TrainBatch:

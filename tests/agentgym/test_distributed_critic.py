@@ -13,6 +13,7 @@ from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.distributed import ResidentGroup
 from agentgym.trainer import create_trainer
 from agentgym.training import PolicyTrainer, TrainBatch
+from batches import synthetic_batch  # tests/ is on sys.path
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,17 +21,7 @@ WEIGHT_ATOL = 1e-5  # as test_distributed: 1% of one AdamW step at lr 1e-3
 
 
 def _batch(n: int, seed: int) -> TrainBatch:
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        length = 12 + i
-        ids = torch.randint(6, 512, (length,), generator=g).tolist()
-        mask = [0] * 5 + [1] * 4 + [0] * 2 + [1] * (length - 11)
-        rows.append({"input_ids": ids, "loss_mask": mask,
-                     "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
-                     "advantages": [(float(i % 3) - 1.0) * m for m in mask],
-                     "returns": [(0.2 * (i % 4) + 0.02 * t) * m for t, m in enumerate(mask)]})
-    return TrainBatch.from_rows(rows, pad_id=0)
+    return synthetic_batch(512, n, seed, returns=True)
 
 
 def test_two_ranks_train_a_separate_critic_like_one_process(tmp_path, tiny_path):

@@ -16,19 +16,11 @@ from transformers import AutoTokenizer
 from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.tracking import Tracker
 from agentgym.training import NonFiniteTrainingError, PolicyTrainer, TrainBatch
+from batches import synthetic_batch  # tests/ is on sys.path
 
 
 def _batch(vocab: int = 512, n: int = 6, seed: int = 0) -> TrainBatch:
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        length = 12 + i
-        ids = torch.randint(6, vocab, (length,), generator=g).tolist()
-        mask = [0] * 5 + [1] * (length - 5)
-        rows.append({"input_ids": ids, "loss_mask": mask,
-                     "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
-                     "advantages": [(float(i % 3) - 1.0) * m for m in mask]})
-    return TrainBatch.from_rows(rows, pad_id=0)
+    return synthetic_batch(vocab, n, seed, segments=1)
 
 
 def _poisoned(batch: TrainBatch, value: float = float("nan")) -> TrainBatch:

@@ -12,28 +12,13 @@ from transformers import AutoTokenizer
 from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
 from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.training import PolicyTrainer, TrainBatch
+from batches import synthetic_batch  # tests/ is on sys.path
 from update_compare import OptimizerSteps, assert_same_gradient, assert_step_is_adamw
 
 
 def _batch(vocab: int, n: int = 8, seed: int = 0, returns: bool = False, empty_row: int | None = None) -> TrainBatch:
-    """``n`` rows of two policy segments each; row ``empty_row`` (if given) has no policy token
-    (an episode whose every reply was cut, say): the seq-mean modes leave it out."""
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        length = 12 + i
-        ids = torch.randint(6, vocab, (length,), generator=g).tolist()
-        mask = [0] * 5 + [1] * 4 + [0] * 2 + [1] * (length - 11)  # two policy segments
-        if i == empty_row:
-            mask = [0] * length
-        rows.append({
-            "input_ids": ids, "loss_mask": mask,
-            "old_logprobs": [(-3.0 if m else 0.0) for m in mask],
-            "advantages": [(float(i % 3) - 1.0) * m for m in mask],
-        })
-        if returns:  # the critic's targets: a per-row level plus a ramp along the row
-            rows[-1]["returns"] = [(0.2 * (i % 4) + 0.02 * t) * m for t, m in enumerate(mask)]
-    return TrainBatch.from_rows(rows, pad_id=0)
+    """``n`` rows of two policy segments each (tests/batches.py); row ``empty_row`` has no policy token."""
+    return synthetic_batch(vocab, n, seed, returns=returns, empty_row=empty_row)
 
 
 def _trainer(path, **kw) -> PolicyTrainer:
