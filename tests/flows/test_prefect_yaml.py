@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "deployments"))
 import sync_variables  # noqa: E402
 
 SPEC = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-TRAINING = {"quickstart", "babyai", "textcraft", "sciworld", "deepsearch", "textworld_express", "mixed"}
+TRAINING = {"quickstart", "babyai", "textcraft", "sciworld", "deepsearch", "textworld_express", "mixed", "miniwob"}
 EXPECTED = ({f"scaling-inter-rl/{n}" for n in TRAINING} | {"retrain/nightly", "evaluate-policy/champion"}
             | {"scaling-inter-rl/babyai-docker"})
 DOCKER = {"babyai-docker"}  # on the agentgym-docker pool; the rest on agentgym-local
