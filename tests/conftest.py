@@ -24,7 +24,29 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+#: The slow lane (``-m slow``): modules whose tests start processes, servers, browsers or JVMs
+#: (Prefect flows, DeepSpeed groups, kill-and-resume, Chromium, ScienceWorld), and the test ids
+#: of the heavy environments in the shared parametrized suites. The rest is the fast lane,
+#: ``pytest -m "not slow"`` (README). Chosen from ``--durations`` of the full suite.
+SLOW_MODULES = (
+    "tests/flows/", "tests/reliability/", "tests/agentgym/test_distributed.py",
+    "tests/agentgym/test_distributed_critic.py", "tests/agentgym/test_multinode.py",
+    "tests/agentgym/test_sft.py", "tests/agentgym/test_inspect.py", "tests/agentgym/test_patches.py",
+    "tests/env_adapters/test_miniwob.py", "tests/env_adapters/test_sciworld.py",
+    "tests/env_adapters/test_checker.py", "tests/test_no_prefect_in_library.py", "tests/engines/",
+)
+#: modules kept in the fast lane although they sit under a slow folder (no process, no server)
+FAST_MODULES = ("tests/flows/test_runtime_sessions.py", "tests/flows/test_prefect_yaml.py")
+SLOW_PARAMS = ("[sciworld]", "[miniwob]", "[sciworld-", "[miniwob-", "-sciworld]", "-miniwob]")
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if (path.startswith(SLOW_MODULES) and not path.startswith(FAST_MODULES)) \
+                or any(p in item.nodeid for p in SLOW_PARAMS):
+            item.add_marker(slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
