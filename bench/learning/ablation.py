@@ -17,7 +17,10 @@ the horizon schedule and the RL seed:
 
 ``--env babyai-base`` is the same comparison from the base model, without a warm start (the
 paper's setting), on ``configs/quickstart.yaml`` itself (its tasks and RL settings): its runs
-need no ``warmstart`` and each measures its own random-valid and base rows.
+need no ``warmstart`` and each measures its own random-valid and base rows. ``--env babyai-hard``
+(levels with several rooms, doors and keys; horizons 3 -> 6 -> 9) and ``--env textcraft-base``
+(recipes of depth 2-3 with the inventory shown; 5 -> 10 -> 20) are the same from-base comparison
+where the horizon matters more (``configs/ablation/<env>.yaml`` say why).
 
 Run ids are fixed by (env, schedule, seed), so re-running a killed command resumes it. Runs use
 ``config_path(env)``: ``configs/ablation/<env>.yaml``, or the quickstart's for babyai-base. The warm start is an ``agentgym train`` run with one RL
@@ -52,17 +55,18 @@ SCHEDULES = {
     "long": lambda h, n: [{"horizon": h[2], "iterations": n}],
 }
 #: (short, middle, long) horizons; held-out episodes get the long one
-HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20), "babyai-base": (2, 3, 5), "babyai-hard": (3, 6, 9)}
+HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20), "babyai-base": (2, 3, 5), "babyai-hard": (3, 6, 9),
+            "textcraft-base": (5, 10, 20)}
 #: held-out evaluation after every stage (True) or after the run's last stage only: a TextCraft
 #: evaluation is 30 tasks x up to 20 turns (6-8 min here), three of them would double a run
-EVERY_STAGE = {"babyai": True, "textcraft": False, "babyai-base": True, "babyai-hard": True}
+EVERY_STAGE = {"babyai": True, "textcraft": False, "babyai-base": True, "babyai-hard": True, "textcraft-base": True}
 #: RL from the base model itself: no warm start, every run evaluates the base model too
-FROM_BASE = {"babyai-base": "smollm2", "babyai-hard": "smollm2"}
+FROM_BASE = {"babyai-base": "smollm2", "babyai-hard": "smollm2", "textcraft-base": "smollm2"}
 #: environments whose runs use a shipped config instead of configs/ablation/<env>.yaml
 CONFIGS = {"babyai-base": "configs/quickstart.yaml"}
 ITERATIONS = 6
 #: default RL iterations of a run, per environment (divisible by 3)
-DEFAULT_ITERATIONS = {"babyai-base": 51, "babyai-hard": 51}
+DEFAULT_ITERATIONS = {"babyai-base": 51, "babyai-hard": 51, "textcraft-base": 51}
 #: held-out tasks replacing the config's ``envs.0.eval_tasks`` (None: the config's own). For
 #: babyai-base: the quickstart's 7 GoTo levels at minigrid seeds 100-109, the first 64 (the
 #: quickstart's 32 held-out tasks are the first 32 of them); training uses seeds 0-5.
@@ -340,7 +344,7 @@ def main() -> int:
     r.add_argument("--schedule", choices=sorted(SCHEDULES), required=True)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--iterations", type=int, default=None,
-                   help=f"RL iterations in all (divisible by 3; default {ITERATIONS}; babyai-base and babyai-hard {DEFAULT_ITERATIONS['babyai-base']})")
+                   help=f"RL iterations in all (divisible by 3; default {ITERATIONS}; the from-base envs {DEFAULT_ITERATIONS['babyai-base']})")
     r.add_argument("--variant", choices=sorted(VARIANTS), default=None,
                    help="a credit-assignment variant of the schedule (its own run id and row in the report)")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
