@@ -107,8 +107,12 @@ class _Live:
     summaries: list[str] = field(default_factory=list)
 
     def prompt(self) -> list[int]:
-        """The ids the engine sees for this episode's next reply: its current segment."""
-        return self.ep.input_ids[self.seg_start:]
+        """The ids the engine sees for this episode's next reply: its current segment (the
+        episode's own list while there is one segment: no copy)."""
+        return self.ep.input_ids[self.seg_start:] if self.seg_start else self.ep.input_ids
+
+    def prompt_len(self) -> int:
+        return len(self.ep.input_ids) - self.seg_start
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -245,7 +249,7 @@ def _ready(live: list[_Live], settings: RolloutSettings) -> list[_Live]:
     for lv in live:
         if lv.done:
             continue
-        if len(lv.prompt()) + settings.max_new_tokens > settings.max_context_tokens:
+        if lv.prompt_len() + settings.max_new_tokens > settings.max_context_tokens:
             lv.ep.truncated = True  # the first prompt leaves no room for a reply
             lv.done = True
         else:
@@ -305,14 +309,15 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
             lv.done = True
             continue
         glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
-        lv.turn_ids.append(list(samples[j].token_ids) + glue)
-        if summarize:
-            lv.summaries.append(_required_summary(summary, lv.env))
-        window = settings.context_policy != ContextPolicy.TRUNCATE.value and \
-            lv.turn - lv.seg_first_turn > settings.context_window
+        window = False
+        if settings.context_policy != ContextPolicy.TRUNCATE.value:  # keep what a later segment copies
+            lv.turn_ids.append(list(samples[j].token_ids) + glue)
+            if summarize:
+                lv.summaries.append(_required_summary(summary, lv.env))
+            window = lv.turn - lv.seg_first_turn > settings.context_window
         # the next prompt: a new segment (the head and the last turns), or this one and the glue
         first, added = _next_segment(lv, formatter, settings) if window else (lv.seg_first_turn, glue)
-        if (0 if window else len(lv.prompt())) + len(added) + settings.max_new_tokens > settings.max_context_tokens:
+        if (0 if window else lv.prompt_len()) + len(added) + settings.max_new_tokens > settings.max_context_tokens:
             # no room for the next observation and a reply: cut here, like the horizon
             lv.ep.truncated = lv.ep.turns[-1].truncated = True
             lv.done = True
