@@ -353,28 +353,26 @@ class PolicySession:
         algo = self.cfg.algorithm
         if algo.credit != "turn":  # outcome: the episode's score on its last policy token
             token_rewards = A.place_outcome_reward(rewards, mask) + penalty
-            return A.compute_advantages(algo.estimator, token_rewards, mask, groups, values=values, gamma=algo.gamma,
-                                        lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
-        turn_rewards, turn_mask = self._turn_rewards(episodes, algo.invalid_action_penalty)
-        if algo.estimator is Estimator.GAE:  # the critic bootstraps across turns: each turn's reward on its last token
+        else:
+            turn_rewards, turn_mask = self._turn_rewards(episodes, algo.invalid_action_penalty)
+            if algo.estimator is not Estimator.GAE:
+                # group estimators and REINFORCE++: discounted turn returns against a turn-level baseline
+                return A.turn_credit_advantages(
+                    algo.estimator, turn_rewards + A.turn_sums(penalty, turn_mask, mask), turn_mask, mask, groups,
+                    turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline or "turn",
+                    norm_by_std=algo.norm_adv_by_std, step_advantage_weight=algo.step_advantage_weight,
+                    state_ids=self._state_ids(episodes, turn_mask.shape[1]) if algo.turn_baseline == "state" else None)
+            # GAE: the critic bootstraps across turns, each turn's reward on its last token
             token_rewards = A.place_rewards_on_turn_ends(turn_rewards, turn_mask, mask) + penalty
-            return A.compute_advantages(algo.estimator, token_rewards, mask, groups, values=values, gamma=algo.gamma,
-                                        lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
-        # group estimators and REINFORCE++: discounted turn returns against a turn-level baseline
-        return A.turn_credit_advantages(
-            algo.estimator, turn_rewards + A.turn_sums(penalty, turn_mask, mask), turn_mask, mask, groups,
-            turn_gamma=algo.turn_gamma, baseline=algo.turn_baseline or "turn", norm_by_std=algo.norm_adv_by_std,
-            state_ids=self._state_ids(episodes, turn_mask.shape[1]) if algo.turn_baseline == "state" else None,
-            step_advantage_weight=algo.step_advantage_weight)
+        return A.compute_advantages(algo.estimator, token_rewards, mask, groups, values=values, gamma=algo.gamma,
+                                    lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
 
     def _compute(self, episodes: list[Episode], batch: TrainBatch, need: list[str]) -> dict[str, torch.Tensor]:
         """The trainer's per-token ``need`` (values, log-probs) on the episode layout of ``batch``:
         an episode with several context segments is computed one segment per row, as trained."""
         if not any(e.context_starts for e in episodes):
             return self.trainer.compute(batch, need)
-        rows = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask, "old_logprobs": e.old_logprobs,
-                 "advantages": [0.0] * len(e.input_ids), "context_starts": e.context_starts} for e in episodes]
-        seg_rows, spans = split_rows(rows)
+        seg_rows, spans = split_rows(self._episode_rows(episodes))
         got = self.trainer.compute(TrainBatch.from_rows(seg_rows, self._pad_id()), need)
         shape = (batch.input_ids.shape[0], batch.input_ids.shape[1])
         return {k: merge_segments(v, spans, shape) for k, v in got.items()}
@@ -382,11 +380,16 @@ class PolicySession:
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
+    @staticmethod
+    def _episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
+        """The episodes as rows of the episode layout (advantages 0, context segments marked)."""
+        return [{"input_ids": e.input_ids, "loss_mask": e.loss_mask, "old_logprobs": e.old_logprobs,
+                 "advantages": [0.0] * len(e.input_ids), "context_starts": e.context_starts} for e in episodes]
+
     def _episode_batch(self, episodes: list[Episode]) -> TrainBatch:
-        """The episodes as a padded ``TrainBatch`` (advantages 0), for the trainer's forwards."""
-        rows = [{"input_ids": e.input_ids, "loss_mask": e.loss_mask, "old_logprobs": e.old_logprobs,
-                 "advantages": [0.0] * len(e.input_ids)} for e in episodes]
-        return TrainBatch.from_rows(rows, self._pad_id())
+        """The episodes as a padded ``TrainBatch`` of the episode layout (advantages 0), for the
+        advantage step's masks and the trainer's forwards."""
+        return TrainBatch.from_rows(self._episode_rows(episodes), self._pad_id())
 
     @staticmethod
     def _turn_rewards(episodes: list[Episode], invalid_action_penalty: float = 0.0

@@ -167,3 +167,32 @@ def test_summary_needs_an_environment_that_gives_one(setup):
     settings = RolloutSettings(horizon=3, max_new_tokens=4, context_policy="summary")
     with pytest.raises(ValueError, match="context_summary"):
         run_episodes(engine, fmt, [EpisodeSpec("keyword", 0, 0, "g", "e", {"target": "zzz"})], settings, make_env)
+
+
+def test_the_advantage_step_computes_on_segments(tmp_path, model_cache):
+    """PolicySession._compute (what GAE's values and the KL's log-probs go through) lays the
+    per-segment forward back on the episode: the sampler's log-probs come back at every reply."""
+    from agentgym.config import parse_config
+    from agentgym.pipeline import IterationRef, PolicySession
+
+    cfg = parse_config({
+        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+        "system_prompt": SYSTEM,
+        "envs": [{"name": "babyai", "tasks": [0, 1], "kwargs": {"observation_style": "compact"}}],
+        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 8, "response_prefix": "Action:",
+                    "stop": ["\n"], "context_policy": "window", "context_window": 1},
+        "trainer": {"bf16": False},
+        "schedule": {"stages": [{"horizon": 5, "iterations": 1}]},
+        "store": {"root": str(tmp_path / "store")},
+    })
+    session = PolicySession(cfg, "segments")
+    try:
+        session.collect(IterationRef(0, 0, 0), 5)
+        episodes = session.store.read_episodes(0, 0, turn_text=False)
+        assert any(e.context_starts for e in episodes)  # read back from the store
+        batch = session._episode_batch(episodes)
+        got = session._compute(episodes, batch, ["logprobs"])["logprobs"]
+        mask = batch.loss_mask.bool()
+        torch.testing.assert_close(got[mask], batch.old_logprobs[mask], atol=2e-4, rtol=0)
+    finally:
+        session.close()
