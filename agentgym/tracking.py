@@ -323,11 +323,43 @@ class Tracker:
         self.client.set_tag(stage_run_id, TAG_DONE, "true")
         self.client.set_terminated(stage_run_id, RunStatus.to_string(RunStatus.FINISHED))
 
+    def open_run(self, kind: str, name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """A new run of ``kind`` (evaluation, retrain, ...) with ``tags`` and ``params`` (values
+        as text, cut at MLflow's 6000 characters); returns its id. End it with :meth:`end_run`."""
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={TAG_KIND: kind, **tags})
+        for key, val in params.items():
+            self.client.log_param(run.info.run_id, key, str(val)[:6000])
+        return run.info.run_id
+
+    def end_run(self, mlflow_run_id: str, status: str = "FINISHED") -> None:
+        """Mark a run ``FINISHED`` or ``FAILED`` (a run must never stay RUNNING after its flow)."""
+        self.client.set_terminated(mlflow_run_id, status)
+
     def finish_pipeline(self, parent: str, status: str = "FINISHED") -> None:
-        self.client.set_terminated(parent, status)
+        self.end_run(parent, status)
 
     def logged_steps(self, mlflow_run_id: str, key: str = "reward_mean") -> set[int]:
         return {m.step for m in self.client.get_metric_history(mlflow_run_id, key)}
+
+    def metric_steps(self, mlflow_run_id: str, key: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of every logged value of ``key``, in step order."""
+        return [(m.step, m.value) for m in sorted(self.client.get_metric_history(mlflow_run_id, key),
+                                                  key=lambda m: m.step)]
+
+    def last_metrics(self, mlflow_run_id: str) -> dict[str, float]:
+        """The last value of every metric of a run."""
+        return dict(self.client.get_run(mlflow_run_id).data.metrics)
+
+    def artifact_uri(self, mlflow_run_id: str, path: str = "") -> str:
+        """Where the run's artifact ``path`` lives (the run's artifact root for "")."""
+        root = self.client.get_run(mlflow_run_id).info.artifact_uri.rstrip("/")
+        return f"{root}/{path}" if path else root
+
+    def log_file(self, mlflow_run_id: str, path: str | Path, folder: str | None = None) -> None:
+        self.client.log_artifact(mlflow_run_id, str(path), folder)
+
+    def log_json(self, mlflow_run_id: str, data: dict[str, Any], path: str) -> None:
+        self.client.log_dict(mlflow_run_id, data, path)
 
     def log_metrics_once(self, mlflow_run_ids: list[str], metrics: dict[str, Any], step: int,
                          key: str = "reward_mean") -> list[str]:

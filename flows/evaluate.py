@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow
 
 from agentgym.config import PipelineConfig, with_overrides
-from agentgym.tracking import TAG_KIND, Tracker
+from agentgym.tracking import Tracker
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_model
 
 
@@ -36,21 +36,17 @@ def evaluate_policy(
         raise ValueError("no environment has eval_tasks; add held-out task ids, e.g. "
                          "overrides=['envs.0.eval_tasks=[100, 101]'] or eval_tasks: [...] in the config")
     tracker = Tracker.from_config(config.tracking)
-    run = tracker.client.create_run(
-        tracker.experiment_id, run_name=f"eval-{model.rsplit('/', 1)[-1]}",
-        tags={TAG_KIND: "evaluation", "agentgym.model": model, "agentgym.eval_seed": str(seed)},
-    )
-    mlflow_run_id = run.info.run_id
-    for key, val in {"model": model, "k": k, "greedy_too": greedy_too, "seed": seed,
-                     "eval_tasks": {e.name: e.eval_tasks for e in config.envs}}.items():
-        tracker.client.log_param(mlflow_run_id, key, str(val)[:6000])
+    mlflow_run_id = tracker.open_run(
+        "evaluation", f"eval-{model.rsplit('/', 1)[-1]}", {"agentgym.model": model, "agentgym.eval_seed": str(seed)},
+        {"model": model, "k": k, "greedy_too": greedy_too, "seed": seed,
+         "eval_tasks": {e.name: e.eval_tasks for e in config.envs}})
     try:
         result = evaluate_model(config, model, EvalSettings(k=k, greedy_too=greedy_too, seed=seed),
                                 EvalSink(mlflow_run_id=mlflow_run_id, label=f"policy-{model}"))
     except BaseException:
-        tracker.client.set_terminated(mlflow_run_id, "FAILED")
+        tracker.end_run(mlflow_run_id, "FAILED")
         raise
-    tracker.client.set_terminated(mlflow_run_id, "FINISHED")
+    tracker.end_run(mlflow_run_id)
     print(f"evaluation of {model}: score {result['score']:.4f}"
           + (f", greedy {result['greedy_score']:.4f}" if greedy_too else ""))
     return {"mlflow_run_id": mlflow_run_id, **result}

@@ -28,7 +28,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from agentgym.config import PipelineConfig
 from agentgym.evaluation import EvalReport
 from agentgym.registry import CHAMPION, ModelRegistry, decide, materialize
-from agentgym.tracking import TAG_KIND, Tracker
+from agentgym.tracking import Tracker
 from agentgym.config import with_overrides
 from flows.train import new_run_id, scaling_inter_rl
 from agentgym.artifact_keys import artifact_key
@@ -61,16 +61,11 @@ def retrain(
     champion = registry.champion(registered_model)
     cv = str(champion.version) if champion is not None else None  # MLflow returns an int
     train_id = f"retrain-{new_run_id()}"
-    run = tracker.client.create_run(
-        tracker.experiment_id, run_name=train_id,
-        tags={TAG_KIND: "retrain", "agentgym.run_id": train_id, "agentgym.registered_model": registered_model,
-              "agentgym.champion_before": cv or "none"},
-    )
-    rid = run.info.run_id
-    for key, val in {"registered_model": registered_model, "margin": margin, "k": k, "eval_seed": eval_seed,
-                     "base_model": config.model.name_or_path,
-                     "champion_before": cv or "none"}.items():
-        tracker.client.log_param(rid, key, str(val))
+    rid = tracker.open_run(
+        "retrain", train_id, {"agentgym.run_id": train_id, "agentgym.registered_model": registered_model,
+                              "agentgym.champion_before": cv or "none"},
+        {"registered_model": registered_model, "margin": margin, "k": k, "eval_seed": eval_seed,
+         "base_model": config.model.name_or_path, "champion_before": cv or "none"})
     try:
         champion_path = None
         train_cfg = config
@@ -123,11 +118,11 @@ def retrain(
                          "agentgym.challenger_version": nv,
                          "agentgym.champion_after": champion_after,
                          "agentgym.train_mlflow_run": trained["mlflow_run_id"]}.items():
-            tracker.client.set_tag(rid, key, str(val))
+            tracker.set_tags(rid, {key: val})
     except BaseException:
-        tracker.client.set_terminated(rid, "FAILED")
+        tracker.end_run(rid, "FAILED")
         raise
-    tracker.client.set_terminated(rid, "FINISHED")
+    tracker.end_run(rid)
 
     reports = [EvalReport.from_dict(chal["sampled"])]
     if champ:

@@ -29,7 +29,7 @@ SFT_PARAMS = ("episodes", "heldout_episodes", "horizon", "noise", "epochs", "bat
 def _summary(tracker: Tracker, child: str) -> dict[str, Any]:
     """The SFT run's numbers, read back from MLflow (also for a stage finished by an earlier attempt)."""
     def history(key: str) -> list[float]:
-        return [m.value for m in sorted(tracker.client.get_metric_history(child, key), key=lambda m: m.step)]
+        return [value for _, value in tracker.metric_steps(child, key)]
 
     held = history("heldout_loss")
     acc = history("heldout_token_accuracy")
@@ -64,7 +64,7 @@ def sft_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> dict
         tracker.log_metrics_once([child], stats, step=0, key="demos_rows")
         sft_train(config, run_id, child, demos)
     except BaseException:  # like a stage run: never left RUNNING; a re-run reopens it
-        tracker.client.set_terminated(child, "FAILED")
+        tracker.end_run(child, "FAILED")
         raise
     tracker.finish_stage(child)
     return _summary(tracker, child)

@@ -60,8 +60,8 @@ def _stage_history(tracker: Tracker, child: str) -> list[dict[str, Any]]:
     resume it holds every attempt's iterations, not only the last one's."""
     by_step: dict[int, dict[str, Any]] = {}
     for key in STAGE_TABLE_METRICS:
-        for m in tracker.client.get_metric_history(child, key):
-            by_step.setdefault(m.step, {"global_step": m.step})[key] = m.value
+        for step, value in tracker.metric_steps(child, key):
+            by_step.setdefault(step, {"global_step": step})[key] = value
     return [by_step[step] for step in sorted(by_step)]
 
 
@@ -142,7 +142,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     except BaseException:  # the stage run must not stay RUNNING in MLflow; a re-run reopens it
         if pending is not None:  # a rollout still playing is waited for (its commit is kept or not)
             pending.wait()
-        tracker.client.set_terminated(child, "FAILED")
+        tracker.end_run(child, "FAILED")
         raise
     tracker.finish_stage(child)
     history = _stage_history(tracker, child)
@@ -282,7 +282,7 @@ def _summary_artifact(tracker: Tracker, result: dict[str, Any]) -> None:
     if model:
         links["model"] = (f"`{model['model_uri']}`" + (f", registered as `models:/{model['registered_model_name']}/"
                                                        f"{model['version']}`" if model.get("version") else ""))
-    metrics = tracker.client.get_run(parent).data.metrics
+    metrics = tracker.last_metrics(parent)
     evals = {k: v for k, v in metrics.items() if k.startswith("eval/overall/")}
     run_id = result["run_id"]
     create_markdown_artifact(

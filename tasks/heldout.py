@@ -38,7 +38,7 @@ def _log(tracker: Tracker, parent: str, label: str, result: dict[str, Any]) -> d
             metrics.update(EvalReport.from_dict(result[mode]).metrics(f"heldout/{label}"))
     metrics[f"heldout/{label}/seconds"] = result["seconds"]
     tracker.log_metrics(parent, metrics, step=0)
-    tracker.client.log_dict(parent, result, f"heldout/{label}.json")
+    tracker.log_json(parent, result, f"heldout/{label}.json")
     return result
 
 
@@ -113,5 +113,5 @@ def publish_learning_curve(config: PipelineConfig, run_id: str, parent_mlflow_id
         path = learning_curve.plot(curve, f"{tmp}/learning_curve.png",
                                    f"run {run_id}: held-out greedy success at horizon {heldout_horizon(config)} "
                                    f"on {sum(len(e.eval_tasks or []) for e in config.envs)} tasks")
-        tracker.client.log_artifact(parent_mlflow_id, str(path))
-    return f"{tracker.client.get_run(parent_mlflow_id).info.artifact_uri}/learning_curve.png"
+        tracker.log_file(parent_mlflow_id, path)
+    return tracker.artifact_uri(parent_mlflow_id, "learning_curve.png")

@@ -143,6 +143,6 @@ def publish_viewer(config: PipelineConfig, run_id: str, mlflow_run_id: str, stag
     with tempfile.TemporaryDirectory(prefix="agentgym-viewer-") as d:
         path = Path(d) / f"{run_id}.html"
         stats = write_html(store, path)
-        tracker.client.log_artifact(mlflow_run_id, str(path), "viewer")
-    uri = f"{tracker.client.get_run(mlflow_run_id).info.artifact_uri.rstrip('/')}/viewer/{run_id}.html"
+        tracker.log_file(mlflow_run_id, path, "viewer")
+    uri = tracker.artifact_uri(mlflow_run_id, f"viewer/{run_id}.html")
     return {"uri": uri, **stats}
