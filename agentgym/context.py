@@ -27,20 +27,10 @@ from typing import Any
 import torch
 
 from agentgym.config import ContextPolicy
+from agentgym.types import segment_bounds
 
 #: the per-token columns of a row of the episode layout (cut along the segments)
 TOKEN_COLUMNS = ("input_ids", "loss_mask", "old_logprobs", "advantages", "returns", "old_values")
-
-
-def segment_bounds(n_tokens: int, starts: list[int] | None) -> list[tuple[int, int]]:
-    """``[start, end)`` of each segment of an episode of ``n_tokens`` tokens whose later segments
-    begin at ``starts`` (empty or None: one segment)."""
-    if not starts:
-        return [(0, n_tokens)]
-    edges = [0, *starts, n_tokens]
-    if any(b <= a for a, b in zip(edges, edges[1:])):
-        raise ValueError(f"context_starts {starts} must increase strictly within (0, {n_tokens})")
-    return list(zip(edges, edges[1:]))
 
 
 def split_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[int, int, int]]]:

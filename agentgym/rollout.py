@@ -83,7 +83,7 @@ class RolloutSettings:
             temperature=r.temperature, top_p=r.top_p, greedy=greedy, stop=list(r.stop),
             env_workers=r.env_workers, seed=seed, system_prompt=cfg.system_prompt,
             max_live=r.max_live_episodes, constrain_actions=r.constrain_actions,
-            context_policy=ContextPolicy(r.context_policy).value, context_window=r.context_window,
+            context_policy=r.context_policy.value, context_window=r.context_window,
         )
 
 

@@ -19,6 +19,18 @@ import math
 from dataclasses import dataclass, field
 
 
+def segment_bounds(n_tokens: int, starts: list[int] | None) -> list[tuple[int, int]]:
+    """``[start, end)`` of each context segment of an episode of ``n_tokens`` tokens whose later
+    segments begin at ``starts`` (empty or None: one segment); ValueError unless ``starts``
+    increase strictly within (0, n_tokens)."""
+    if not starts:
+        return [(0, n_tokens)]
+    edges = [0, *starts, n_tokens]
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"context_starts {starts} must increase strictly within (0, {n_tokens})")
+    return list(zip(edges, edges[1:]))
+
+
 @dataclass
 class Turn:
     turn: int
@@ -83,9 +95,10 @@ class Episode:
             raise ValueError(f"episode {self.episode_id}: token columns differ in length")
         if any(lp != 0.0 for lp, m in zip(self.old_logprobs, self.loss_mask) if m == 0):
             raise ValueError(f"episode {self.episode_id}: log-prob on a masked token")
-        if self.context_starts and any(b <= a for a, b in zip([0, *self.context_starts], [*self.context_starts, n])):
-            raise ValueError(f"episode {self.episode_id}: context_starts {self.context_starts} must "
-                             f"increase strictly within (0, {n})")
+        try:
+            segment_bounds(n, self.context_starts)
+        except ValueError as e:
+            raise ValueError(f"episode {self.episode_id}: {e}") from None
         if self.infra_error:
             if not math.isnan(self.reward):
                 raise ValueError(f"episode {self.episode_id}: an infra_error episode is not scored "
