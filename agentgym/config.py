@@ -50,7 +50,7 @@ class ModelConfig(_Strict):
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Weights dtype of the rollout engine. auto: bfloat16 where the hardware has "
         "bf16 arithmetic (CUDA, or a CPU with AVX512-BF16 / AMX), else float32 (emulated bf16 was 7x "
-        "slower than fp32 on a CPU without them; see agentgym/hardware.py)."
+        "slower than fp32 on a CPU without them; see agentgym/models/hardware.py)."
     )
     cache_dir: str = Field(
         "~/.cache/agentgym/models", description="Where prepared models (tiny, smollm2) are cached."
@@ -161,7 +161,7 @@ class RolloutConfig(_Strict):
         default_factory=list,
         description="vllm_server: base URLs of the `vllm serve` endpoints (http://host:port), all "
         "serving model.name_or_path's weights; requests go to the live one with the fewest in flight. "
-        "Start each with `python -m agentgym.engines.vllm_server_launch MODEL_DIR --enable-lora "
+        "Start each with `python -m agentgym.rollout.engines.vllm_server_launch MODEL_DIR --enable-lora "
         "--max-lora-rank R ...` (see docs/scale-out.md) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.")
     served_model: str | None = Field(
         None, description="vllm_server: the model name the servers serve (vllm serve's "

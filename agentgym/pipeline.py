@@ -24,12 +24,13 @@ from agentgym import algorithms as A
 from agentgym.chat import ChatFormatter
 from agentgym.config import Estimator, PipelineConfig
 from agentgym.context import merge_segments, split_rows
-from agentgym.engines import engine_for
-from agentgym.models import resolve_model
-from agentgym.rollout import EpisodeSpec, RolloutSettings, iter_episodes
-from agentgym.store import TrajectoryStore
-from agentgym.trainer import Trainer, create_trainer
-from agentgym.training import CRITIC_DIR, TrainBatch
+from agentgym.models.folders import resolve_model
+from agentgym.rollout.engines import engine_for
+from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes
+from agentgym.store.trajectory_store import TrajectoryStore
+from agentgym.training.batch import TrainBatch
+from agentgym.training.protocol import Trainer, create_trainer
+from agentgym.training.value_head import CRITIC_DIR
 from agentgym.types import Episode, Turn
 from env_adapters import make_env
 

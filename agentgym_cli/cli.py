@@ -59,7 +59,7 @@ def train(
         cfg = cfg.model_copy(update={"run_id": run_id})
     from tqdm import tqdm
 
-    from agentgym import progress
+    from agentgym.infra import progress
 
     bar: dict[str, tqdm] = {}
 
@@ -85,8 +85,8 @@ def train(
             bar["it"].update(1)
 
     progress.install(hook)
-    from agentgym.prefect_db import prefect_disk_error
-    from agentgym.tracking import ResumeConflict
+    from agentgym.tracking.prefect_db import prefect_disk_error
+    from agentgym.tracking.tracker import ResumeConflict
     from flows.train import new_run_id, scaling_inter_rl
 
     # the id is fixed here, not in the flow, so that a failed run can be told how to resume
@@ -157,7 +157,7 @@ def _print_summary(result: dict, seconds: float) -> None:
 def models_prepare(name: str = typer.Argument(..., help="'smollm2' or 'tiny'"),
                    cache_dir: str = typer.Option("~/.cache/agentgym/models", help="Cache folder.")) -> None:
     """Build or convert a model into the local cache and print its folder."""
-    from agentgym.models import resolve_model
+    from agentgym.models.folders import resolve_model
 
     try:
         path = resolve_model(name, cache_dir)
@@ -198,7 +198,7 @@ def group_join(config: Path = typer.Option(..., "--config", "-c", help="The pipe
     ends. Start it on every other node, before or after the pipeline; AGENTGYM_GROUP_AUTHKEY must
     be set, the same on every node."""
     from agentgym.config import ConfigError, load_config
-    from agentgym.group_launcher import join_node
+    from agentgym.training.group.launcher import join_node
 
     try:
         cfg = load_config(config, set_)

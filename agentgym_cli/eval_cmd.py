@@ -45,7 +45,7 @@ def eval_run(
     except ConfigError as e:
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
-    from agentgym.evaluation import EvalReport
+    from agentgym.evaluation.metrics import EvalReport
     from flows.evaluate import evaluate_policy
     from tasks.evaluation import merged_table
 
@@ -55,7 +55,7 @@ def eval_run(
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     except Exception as e:
-        from agentgym.prefect_db import prefect_disk_error
+        from agentgym.tracking.prefect_db import prefect_disk_error
 
         named = prefect_disk_error(e)  # a full disk under Prefect's DB, else a bare HTTP 500
         if named is None:
@@ -79,7 +79,7 @@ def eval_champion(
 ) -> None:
     """List the versions of a registered model: aliases, retrain decision and scores."""
     quiet_env()
-    from agentgym.registry import ModelRegistry
+    from agentgym.registry.champion import ModelRegistry
 
     reg = ModelRegistry(tracking_uri)
     versions = reg.versions(name)

@@ -1,7 +1,7 @@
 """`agentgym inspect RUN` and `agentgym view RUN -o run.html`: look at a run's trajectories.
 
 Registered in ``agentgym_cli/cli.py`` (``app.command("inspect")(inspect_cmd)``); the reading is
-``agentgym.inspect_run``, the page ``agentgym.viewer``. Neither needs Prefect, MLflow or a model,
+``agentgym.evaluation.inspect_run``, the page ``agentgym.evaluation.viewer``. Neither needs Prefect, MLflow or a model,
 so both start fast and work on a copy of the store alone.
 
     agentgym inspect <run_id>                      # per-iteration table + the newest episodes
@@ -35,7 +35,7 @@ def _cell(v: Any) -> Text:
 
 
 def _open(run: str, root: Optional[str]):
-    from agentgym.inspect_run import open_store
+    from agentgym.evaluation.inspect_run import open_store
 
     try:
         return open_store(run, root)
@@ -54,7 +54,7 @@ def inspect_cmd(
     limit: int = typer.Option(20, "--limit", help="Episodes listed (newest iterations first)."),
 ) -> None:
     """Per-iteration numbers of a run and its newest episodes, or one episode's turns."""
-    from agentgym.inspect_run import episode_turns, iteration_table, list_episodes
+    from agentgym.evaluation.inspect_run import episode_turns, iteration_table, list_episodes
 
     store = _open(run, root)
     out = Console(soft_wrap=True, highlight=False)
@@ -126,7 +126,7 @@ def view_cmd(
                                      help="Episodes embedded, newest iterations first (bounds the file size)."),
 ) -> None:
     """Write one self-contained HTML file (no network needed) to browse a run's episodes."""
-    from agentgym.viewer import write_html
+    from agentgym.evaluation.viewer import write_html
 
     store = _open(run, root)
     got = write_html(store, output, max_episodes)

@@ -31,7 +31,7 @@ def vllm_env_python(config: Path, overrides: list[str]) -> str | None:
     rollout = data.get("rollout")
     if not isinstance(rollout, dict) or rollout.get("engine") != "vllm":
         return None
-    from agentgym.engines.vllm_server_launch import vllm_python
+    from agentgym.rollout.engines.vllm_server_launch import vllm_python
 
     try:
         python = vllm_python()

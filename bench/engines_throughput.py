@@ -45,9 +45,9 @@ benchlib.set_preimport_env(ARGS.threads)  # before torch / vllm are imported
 
 import torch  # noqa: E402
 
-from agentgym.engines import SamplingParams  # noqa: E402
-from agentgym.engines.hf import HFEngine  # noqa: E402
-from agentgym.models import build_tiny_model, load_model, resolve_model  # noqa: E402
+from agentgym.models.folders import build_tiny_model, load_model, resolve_model  # noqa: E402
+from agentgym.rollout.engines import SamplingParams  # noqa: E402
+from agentgym.rollout.engines.hf import HFEngine  # noqa: E402
 
 torch.set_num_threads(ARGS.threads)
 
@@ -95,7 +95,7 @@ def _best(runs: list[tuple[float, int]]) -> tuple[float, int]:
 
 
 def main() -> int:
-    from agentgym.engines.vllm import VLLMEngine
+    from agentgym.rollout.engines.vllm import VLLMEngine
 
     params = SamplingParams(max_new_tokens=ARGS.new_tokens, temperature=1.0, top_p=1.0)
     rows = []

@@ -4,7 +4,7 @@
     nice -n 19 .venv/bin/python bench/env_concurrency.py --latency-ms 20 --sizes 1 8 64 --modes inproc
 
 Issue #10 item 2, target: speed-up >= 0.8 * N. The real multi-turn loop
-(``agentgym.rollout.run_episodes``) plays N episodes of ``--horizon`` turns against ``SleepEnv``
+(``agentgym.rollout.loop.run_episodes``) plays N episodes of ``--horizon`` turns against ``SleepEnv``
 (bench/benchlib.py: every step sleeps L ms, as an environment waiting on a simulator does), with
 a scripted engine that answers at once (no model: the numbers are the loop's and the
 environment's). Speed-up = (N single-episode rollouts run one after another) / (one rollout of
@@ -71,7 +71,7 @@ class Engine(benchlib.load_tests_module("scripted_engine").NoCacheEngine):
             tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
     def generate(self, prompts, params, cache_keys=None):
-        from agentgym.engines.base import Sample
+        from agentgym.rollout.engines.base import Sample
 
         return [Sample(list(self.reply), [-0.1] * len(self.reply), "stop") for _ in prompts]
 
@@ -112,8 +112,8 @@ def main() -> int:
 
     from agentgym.chat import ChatFormatter
     from agentgym.config import RolloutConfig
-    from agentgym.models import tiny_model_path
-    from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
+    from agentgym.models.folders import tiny_model_path
+    from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes
     from env_adapters import make_env
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())

@@ -6,7 +6,7 @@
 Part of issue #10's rollout work. A rollout turn decodes its reply over the whole conversation
 kept from earlier turns (``HFEngine``, ``cache_keys``). ``DynamicLayer.update`` ``torch.cat``s the
 new token's keys/values onto each layer's entire cache, a copy of O(context) per generated token
-per layer; ``agentgym.engines.hf.ReservedLayer`` writes them into room reserved for the turn's
+per layer; ``agentgym.rollout.engines.hf.ReservedLayer`` writes them into room reserved for the turn's
 reply. Both sides decode the same ``--steps`` tokens for ``--rows`` rows after a cache of
 ``--context`` positions (random keys/values: the cost does not depend on them), alternated,
 best of ``--reps``; the logits of the last step must be equal (they are bit-identical: the
@@ -42,8 +42,8 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, DynamicCache
 
     import benchlib
-    from agentgym.engines.hf import reserved_cache
-    from agentgym.models import resolve_model
+    from agentgym.rollout.engines.hf import reserved_cache
+    from agentgym.models.folders import resolve_model
     from benchlib import Row
 
     torch.set_num_threads(ARGS.threads)

@@ -5,7 +5,7 @@
     nice -n 19 .venv-vllm/bin/python bench/rollout_efficiency.py --engines hf,vllm
 
 Issue #10 item 1, target >= 0.90. For each (engine, environment, horizon) one rollout runs the
-real multi-turn loop (``agentgym.rollout.run_episodes``: chat glue, env steps in the thread
+real multi-turn loop (``agentgym.rollout.loop.run_episodes``: chat glue, env steps in the thread
 pool, KV cache kept across turns) with the engine wrapped in a recorder that keeps every
 ``generate`` call's prompts, cache keys and sampling parameters. Then, in the same process and
 on the same engine, two baselines run the same token counts:
@@ -62,8 +62,8 @@ benchlib.set_preimport_env(ARGS.threads)
 import torch  # noqa: E402
 
 from agentgym.chat import ChatFormatter  # noqa: E402
-from agentgym.engines.base import SamplingParams  # noqa: E402
-from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes  # noqa: E402
+from agentgym.rollout.engines.base import SamplingParams  # noqa: E402
+from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes  # noqa: E402
 from env_adapters import make_env  # noqa: E402
 from env_adapters.base import StepResult, TextEnv  # noqa: E402
 
@@ -134,7 +134,7 @@ def _tiny_vllm_path():
     model built with head_dim 32 (as bench/engines_throughput.py)."""
     from pathlib import Path
 
-    from agentgym.models import build_tiny_model
+    from agentgym.models.folders import build_tiny_model
 
     out = Path(os.path.expanduser("~/.cache/agentgym/models")) / "tiny-hd32-bench-v1"
     if not (out / "config.json").exists():
@@ -143,8 +143,8 @@ def _tiny_vllm_path():
 
 
 def build_engine(kind: str, model: str):
-    from agentgym.engines import create_engine
-    from agentgym.models import resolve_model, tiny_model_path
+    from agentgym.rollout.engines import create_engine
+    from agentgym.models.folders import resolve_model, tiny_model_path
 
     if kind == "vllm":
         path = _tiny_vllm_path() if model == "tiny" else resolve_model(model)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/rollout_memory.py                 # 200 and 2,000 episodes, both paths
     .venv/bin/python bench/rollout_memory.py --sizes 200 2000 --horizon 4
 
-What runs: the real multi-turn loop (``agentgym.rollout``) against the real BabyAI adapter
+What runs: the real multi-turn loop (``agentgym.rollout.loop``) against the real BabyAI adapter
 (minigrid), with the tiny model's tokenizer and chat template, and the real trajectory store on
 local disk. Only the policy is scripted (``ScriptedEngine``: a fixed cycle of BabyAI moves as
 token ids with made-up log-probs), so the numbers measure the rollout and the store, not a
@@ -59,7 +59,7 @@ class ScriptedEngine(_no_cache_engine()):
         self.calls = 0
 
     def generate(self, prompts, params, cache_keys=None):
-        from agentgym.engines.base import Sample
+        from agentgym.rollout.engines.base import Sample
 
         self.calls += 1
         out = []
@@ -83,9 +83,9 @@ def child(n: int, mode: str, horizon: int) -> dict:
 
     from agentgym.chat import ChatFormatter
     from agentgym.config import RolloutConfig, StoreConfig
-    from agentgym.models import tiny_model_path
-    from agentgym.rollout import EpisodeSpec, RolloutSettings, iter_episodes, run_episodes
-    from agentgym.store import TrajectoryStore
+    from agentgym.models.folders import tiny_model_path
+    from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes, run_episodes
+    from agentgym.store.trajectory_store import TrajectoryStore
     from env_adapters import make_env
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())

@@ -4,7 +4,7 @@
     nice -n 19 .venv/bin/python bench/scaling_curves.py --batches 4 16 --horizons 3 5 10 20 40
 
 Issue #10 item 7. For each (batch size B, horizon H): one rollout of B episodes through the real
-loop (``agentgym.rollout.run_episodes``, HF engine, KV cache kept across turns) on an environment
+loop (``agentgym.rollout.loop.run_episodes``, HF engine, KV cache kept across turns) on an environment
 that never ends early (bench/rollout_efficiency.py's ``zero`` env: the same ``--obs-words``
 observation every turn), so every episode runs exactly H turns, then one GRPO update
 (``PolicyTrainer.train_on_batch``: ppo_epochs 1, one mini-batch, micro-batch 4, fp32) on those
@@ -45,10 +45,11 @@ def main() -> int:
     import benchlib
     from agentgym.chat import ChatFormatter
     from agentgym.config import AlgorithmConfig, TrainerConfig
-    from agentgym.engines import create_engine
-    from agentgym.models import tiny_model_path
-    from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
-    from agentgym.training import PolicyTrainer, TrainBatch
+    from agentgym.rollout.engines import create_engine
+    from agentgym.models.folders import tiny_model_path
+    from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes
+    from agentgym.training.batch import TrainBatch
+    from agentgym.training.policy_trainer import PolicyTrainer
     from benchlib import Row
 
     torch.set_num_threads(ARGS.threads)

@@ -5,7 +5,7 @@
     .venv/bin/python bench/soak.py --model smollm2 --keep-tied-groups --iterations 30 --every 1
 
 What runs, in this process: a ``PolicySession`` (the library steps the Prefect tasks wrap) on the
-tiny model (``--model``: any name ``agentgym.models.resolve_model`` takes, e.g. ``smollm2``; fp32
+tiny model (``--model``: any name ``agentgym.models.folders.resolve_model`` takes, e.g. ``smollm2``; fp32
 either way, as on a CPU without bf16) with the keyword environment -- every iteration a streamed rollout committed to the
 trajectory store, advantages, a DeepSpeed update and the weight sync, its metrics logged to MLflow
 (SQLite); every ``--eval-every`` iterations a held-out evaluation; every ``--ckpt-every`` an HF
@@ -112,10 +112,10 @@ def soak(workdir: Path, iterations: int = 200, eval_every: int = 5, ckpt_every: 
     """Run the loop for ``iterations``; returns one sample per iteration (index 0: before the
     first), each with the 1-minute load average beside it (the machine is shared).
     ``on_sample(i, sample)`` is called as they come."""
-    from agentgym import tempdirs
-    from agentgym.evaluation import evaluate
+    from agentgym.infra import tempdirs
+    from agentgym.evaluation.metrics import evaluate
     from agentgym.pipeline import IterationRef, PolicySession
-    from agentgym.tracking import Tracker
+    from agentgym.tracking.tracker import Tracker
 
     workdir = Path(workdir)
     with own_tmpdir(workdir / "tmp") as tmp:

@@ -73,7 +73,7 @@ def make_episodes(n: int, turns: int, seed: int = 0) -> list:
 
 
 def bench_backend(name: str, root: str, opts: dict, episodes: list, chunk: int, reps: int = 3) -> list[dict]:
-    from agentgym.store import TrajectoryStore
+    from agentgym.store.trajectory_store import TrajectoryStore
 
     store = TrajectoryStore(root, f"bench-{name}", storage_options=opts)
     rows = len(episodes) + sum(e.num_turns for e in episodes)
@@ -86,7 +86,7 @@ def bench_backend(name: str, root: str, opts: dict, episodes: list, chunk: int, 
         w.commit()
     write_s = time.perf_counter() - t0
 
-    files = [store._abs(f) for t in ("episodes", "turns")  # the committed files, for the raw read
+    files = [store.abs_path(f) for t in ("episodes", "turns")  # the committed files, for the raw read
              for m in store.commits(t) for f in m.files]
     # raw pyarrow at its best: its own local filesystem on disk (through fsspec a local read is
     # several times slower), the store's fsspec filesystem for S3
@@ -124,7 +124,7 @@ def raw_write(fs, root: str, episodes: list, chunk: int, run_id: str) -> int:
     store's physical schemas, ``pq.write_table`` (zstd) straight to ``root`` on ``fs``."""
     import datetime as dt
 
-    from agentgym.store import physical_schema
+    from agentgym.store.schema import physical_schema
 
     fs.makedirs(root, exist_ok=True)  # (local: a plain folder path)
     now = dt.datetime.now(dt.timezone.utc)

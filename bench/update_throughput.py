@@ -79,7 +79,7 @@ def _parse() -> argparse.Namespace:
 
 
 def _model_path(name: str) -> Path:
-    from agentgym.models import resolve_model, tiny_model_path
+    from agentgym.models.folders import resolve_model, tiny_model_path
 
     return tiny_model_path() if name == "tiny" else resolve_model(name)
 
@@ -107,7 +107,8 @@ def ours(path: Path, batch: dict, args) -> list[float]:
     from transformers import AutoTokenizer
 
     from agentgym.config import AlgorithmConfig, TrainerConfig
-    from agentgym.training import PolicyTrainer, TrainBatch
+    from agentgym.training.batch import TrainBatch
+    from agentgym.training.policy_trainer import PolicyTrainer
 
     tok = AutoTokenizer.from_pretrained(path)
     p = batch["prompt"]

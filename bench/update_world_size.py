@@ -26,7 +26,7 @@ import torch
 
 
 def _batch(vocab: int, rows: int, tokens: int, pad_id: int):
-    from agentgym.training import TrainBatch
+    from agentgym.training.batch import TrainBatch
 
     g = torch.Generator().manual_seed(0)
     out = []
@@ -55,9 +55,9 @@ def main() -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     from agentgym.config import AlgorithmConfig, TrainerConfig
-    from agentgym.distributed import ResidentGroup
-    from agentgym.models import resolve_model
-    from agentgym.training import PolicyTrainer
+    from agentgym.training.group.driver import ResidentGroup
+    from agentgym.models.folders import resolve_model
+    from agentgym.training.policy_trainer import PolicyTrainer
 
     cores = os.cpu_count() or 1
     print(f"{cores} cores; batch {args.rows} x {args.tokens} tokens; micro-batch {args.micro}; bf16, ZeRO-2")

@@ -7,7 +7,7 @@ Run in the vLLM env (about 20-60 s per rebuild on the shared 2-core machine):
     PYTHONPATH=. .venv-vllm/bin/python bench/vllm_rebuild_memory.py --model smollm2 --updates 6
 
 Model: the tiny random Qwen2 with head_dim 32 (``tests/engines/test_vllm.py``), or ``--model``: a
-name ``agentgym.models.resolve_model`` takes (``smollm2``: its cached bf16 folder, run in fp32
+name ``agentgym.models.folders.resolve_model`` takes (``smollm2``: its cached bf16 folder, run in fp32
 as on a CPU without bf16) or an HF folder. After every update it samples VmRSS (this process:
 the engine core runs in-process), split into anonymous memory (heap: what a leak grows) and
 file-backed pages (mapped weights, libraries), with open fds, OS threads, child processes
@@ -141,11 +141,11 @@ def main() -> None:
     import torch
     from safetensors.torch import load_file
 
-    from agentgym.engines import create_engine
-    from agentgym.models import build_tiny_model, resolve_model
+    from agentgym.rollout.engines import create_engine
+    from agentgym.models.folders import build_tiny_model, resolve_model
 
     if args.no_engine_trim:
-        import agentgym.engines.vllm as vllm_engine
+        import agentgym.rollout.engines.vllm as vllm_engine
 
         vllm_engine.release_freed_heap = lambda: False
 

@@ -23,7 +23,7 @@ What it checks, for every task id:
   in a seeded order, or a fixed reply when the adapter lists none) and stops at ``terminated``
   or ``truncated``;
 * **truncation** -- in this codebase the horizon (max turns) is *not* the environment's: the
-  rollout loop (``agentgym.rollout.run_episodes``) marks the turn at the horizon ``truncated``
+  rollout loop (``agentgym.rollout.loop.run_episodes``) marks the turn at the horizon ``truncated``
   when the environment did not terminate there, and never steps past it; that half is asserted
   in ``tests/agentgym/test_rollout.py::test_horizon_is_truncation``. What an adapter must do:
   never report ``truncated`` on its own, *unless* it enforces its own move limit (SciWorld's

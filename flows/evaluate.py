@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow
 
 from agentgym.config import PipelineConfig, with_overrides
-from agentgym.tracking import Tracker
+from agentgym.tracking.tracker import Tracker
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_model
 
 

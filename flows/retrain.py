@@ -12,7 +12,7 @@ The decision, both scores and the reason are recorded three times: as tags/metri
 ``retrain`` MLflow run (``agentgym.kind=retrain``), as tags of the new model version, and as a
 Prefect markdown + table artifact (key ``retrain-<registered_model>``, so the UI keeps their
 history). The score is the mean over environments of the overall sampled Avg@k
-(:attr:`agentgym.evaluation.EvalReport.score`).
+(:attr:`agentgym.evaluation.metrics.EvalReport.score`).
 
 The ``retrain/nightly`` deployment (``deployments/prefect.yaml``) runs this on a cron schedule.
 """
@@ -26,12 +26,12 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from agentgym.config import PipelineConfig
-from agentgym.evaluation import EvalReport
-from agentgym.registry import CHAMPION, ModelRegistry, decide, materialize
-from agentgym.tracking import Tracker
 from agentgym.config import with_overrides
+from agentgym.evaluation.metrics import EvalReport
+from agentgym.registry.champion import CHAMPION, ModelRegistry, decide, materialize
+from agentgym.tracking.tracker import Tracker
 from flows.train import new_run_id, scaling_inter_rl
-from agentgym.artifact_keys import artifact_key
+from agentgym.tracking.artifact_keys import artifact_key
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_model
 
 

@@ -17,8 +17,8 @@ from typing import Any
 from prefect import flow
 
 from agentgym.config import PipelineConfig
-from agentgym.run_summary import sft_description
-from agentgym.tracking import Tracker
+from agentgym.tracking.run_summary import sft_description
+from agentgym.tracking.tracker import Tracker
 from tasks.links import TAG_FLOW_RUN_URL, prefect_tags
 from tasks.sft import generate_demonstrations, sft_train
 

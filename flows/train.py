@@ -21,13 +21,13 @@ import numpy as np
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 
-from agentgym import progress
-from agentgym.artifact_keys import artifact_key
 from agentgym.config import PipelineConfig, with_overrides
+from agentgym.infra import progress
 from agentgym.schedule import position, stage_start, total_steps
-from agentgym.store import TrajectoryStore
-from agentgym.run_summary import pipeline_description, stage_description, summary_markdown
-from agentgym.tracking import Tracker
+from agentgym.store.trajectory_store import TrajectoryStore
+from agentgym.tracking.artifact_keys import artifact_key
+from agentgym.tracking.run_summary import pipeline_description, stage_description, summary_markdown
+from agentgym.tracking.tracker import Tracker
 from tasks.links import TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeline_run_name, prefect_tags
 from tasks.rl import (collect_rollouts, compute_advantages, log_final_policy, publish_viewer, restore_policy,
                       save_checkpoint, sync_policy, update_policy)

@@ -49,7 +49,7 @@ STAMP="$VENV/.agentgym-vllm-stamp"
 
 t0=$(date +%s)
 if [[ "${FORCE:-0}" != 1 && -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_TEXT" ]] \
-   && "$VENV/bin/python" -c "import vllm, agentgym.engines" >/dev/null 2>&1; then
+   && "$VENV/bin/python" -c "import vllm, agentgym.rollout.engines" >/dev/null 2>&1; then
   echo "[setup_vllm_env] $VENV is up to date ($STAMP_TEXT)"
   exit 0
 fi
@@ -94,7 +94,7 @@ DS_BUILD_OPS=0 "${PIP[@]}" install -e "$ROOT[test]" -c "$CONSTRAINTS" "${LOCK_AR
 VLLM_PACKAGE="$VLLM_PACKAGE" "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 import os
-import vllm, torch, transformers, agentgym.engines  # noqa: F401
+import vllm, torch, transformers, agentgym.rollout.engines  # noqa: F401
 print("[setup_vllm_env] vllm", vllm.__version__, "| torch", torch.__version__,
       "| transformers", transformers.__version__)
 removed = ("torchvision", "torchaudio", "torchcodec", "triton")

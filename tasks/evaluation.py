@@ -4,7 +4,7 @@ One task per way to name the policy:
 
 * ``evaluate_live_run(config, run_id)``: the in-memory session of a live training run -- its
   current weights, no reload (what the training flow does every ``eval_every`` steps);
-* ``evaluate_model(config, model)``: a model reference for :func:`agentgym.registry.materialize`
+* ``evaluate_model(config, model)``: a model reference for :func:`agentgym.registry.champion.materialize`
   -- a local HF folder, a checkpoint artifact URI, ``models:/agentgym-policy@champion``, ``tiny``...
 
 Both take ``EvalSettings`` (how to evaluate) and ``EvalSink`` (where the scores go) and return
@@ -22,14 +22,14 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from agentgym.artifact_keys import artifact_key
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
-from agentgym.engines import engine_for
-from agentgym.engines.base import InferenceEngine
-from agentgym.evaluation import EvalReport, eval_targets, evaluate
-from agentgym.registry import materialize
-from agentgym.tracking import Tracker
+from agentgym.evaluation.metrics import EvalReport, eval_targets, evaluate
+from agentgym.registry.champion import materialize
+from agentgym.rollout.engines import engine_for
+from agentgym.rollout.engines.base import InferenceEngine
+from agentgym.tracking.artifact_keys import artifact_key
+from agentgym.tracking.tracker import Tracker
 from tasks.runtime import get_session
 
 

@@ -1,4 +1,4 @@
-"""Prefect tasks of the before/after held-out evaluation (``agentgym.heldout``).
+"""Prefect tasks of the before/after held-out evaluation (``agentgym.evaluation.before_after``).
 
 Each result is logged once to the pipeline's MLflow run -- metrics ``heldout/<policy>/<env>/
 <category>/...`` and the whole report as the artifact ``heldout/<policy>.json`` -- and a re-run
@@ -14,16 +14,18 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from agentgym import learning_curve, progress
-from agentgym.artifact_keys import artifact_key
+from agentgym.evaluation import learning_curve
+
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
-from agentgym.engines import engine_for
-from agentgym.evaluation import EvalReport, evaluate
-from agentgym.heldout import RANDOM, comparison_table, heldout_horizon, random_valid_report
-from agentgym.registry import materialize
+from agentgym.evaluation.before_after import RANDOM, comparison_table, heldout_horizon, random_valid_report
+from agentgym.evaluation.metrics import EvalReport, evaluate
+from agentgym.infra import progress
+from agentgym.registry.champion import materialize
+from agentgym.rollout.engines import engine_for
 from agentgym.schedule import stage_start
-from agentgym.tracking import Tracker
+from agentgym.tracking.artifact_keys import artifact_key
+from agentgym.tracking.tracker import Tracker
 
 
 def _logged(tracker: Tracker, parent: str, label: str) -> dict[str, Any] | None:

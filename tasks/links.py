@@ -13,7 +13,7 @@ from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from agentgym.config import PipelineConfig, parse_config, with_overrides
-from agentgym.artifact_keys import artifact_key
+from agentgym.tracking.artifact_keys import artifact_key
 
 TAG_FLOW_RUN_ID = "agentgym.prefect_flow_run_id"
 TAG_FLOW_RUN_URL = "agentgym.prefect_flow_run_url"

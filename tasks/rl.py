@@ -14,15 +14,15 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from agentgym import progress, tempdirs
 from agentgym.config import PipelineConfig
-from agentgym.distributed import GroupError
+from agentgym.evaluation.viewer import write_html
+from agentgym.infra import progress, tempdirs
 from agentgym.pipeline import IterationRef
-from agentgym.policy_model import log_policy_model
-from agentgym.registry import materialize
-from agentgym.store import TrajectoryStore
-from agentgym.tracking import Tracker
-from agentgym.viewer import write_html
+from agentgym.registry.champion import materialize
+from agentgym.registry.policy_model import log_policy_model
+from agentgym.store.trajectory_store import TrajectoryStore
+from agentgym.tracking.tracker import Tracker
+from agentgym.training.group.driver import GroupError
 from tasks.runtime import drop_session, get_session
 
 TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept

@@ -1,7 +1,7 @@
 """Prefect tasks of the SFT warm start: write the expert demonstrations, fine-tune on them.
 
 Both return small dicts. The demonstrations go to the trajectory store under their own dataset id
-(``agentgym.sft.demo_dataset``), so runs with the same settings share them; the fine-tuned policy
+(``agentgym.training.sft.demo_dataset``), so runs with the same settings share them; the fine-tuned policy
 goes to MLflow as the run's first checkpoint (global step 0), which ``restore_policy`` then loads
 for the RL stages.
 """
@@ -16,15 +16,15 @@ from prefect import get_run_logger, task
 from transformers import AutoTokenizer
 from prefect.cache_policies import NO_CACHE
 
-from agentgym import progress, tempdirs
-from agentgym import sft as S
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
-from agentgym.demos import EXPERT_POLICY_VERSION, generate_demos
-from agentgym.models import resolve_model
-from agentgym.registry import materialize
-from agentgym.store import TrajectoryStore
-from agentgym.tracking import Tracker
+from agentgym.infra import progress, tempdirs
+from agentgym.models.folders import resolve_model
+from agentgym.registry.champion import materialize
+from agentgym.store.trajectory_store import TrajectoryStore
+from agentgym.tracking.tracker import Tracker
+from agentgym.training import sft as S
+from agentgym.training.demos import EXPERT_POLICY_VERSION, generate_demos
 from env_adapters import make_env
 from env_adapters.experts import make_expert
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentgym.training import TrainBatch
+from agentgym.training.batch import TrainBatch
 
 
 def synthetic_rows(vocab: int = 512, n: int = 8, seed: int = 0, *, returns: bool = False,

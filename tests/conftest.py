@@ -62,14 +62,14 @@ def model_cache(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_path(model_cache):
-    from agentgym.models import tiny_model_path
+    from agentgym.models.folders import tiny_model_path
 
     return tiny_model_path(model_cache, template="chatml")
 
 
 @pytest.fixture(scope="session")
 def tiny_llama3_path(model_cache):
-    from agentgym.models import tiny_model_path
+    from agentgym.models.folders import tiny_model_path
 
     return tiny_model_path(model_cache, template="llama3")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # needs the separate vLLM environment (.venv-vllm); it imports no Prefect either (grep-checked below)
-NEEDS_OTHER_ENV = {"agentgym.engines.vllm"}
+NEEDS_OTHER_ENV = {"agentgym.rollout.engines.vllm"}
 
 PROBE = """
 import importlib, sys
@@ -48,7 +48,7 @@ def test_library_imports_without_prefect():
 
 
 def test_the_vllm_engine_source_names_no_prefect():
-    assert "prefect" not in (ROOT / "agentgym/engines/vllm.py").read_text()
+    assert "prefect" not in (ROOT / "agentgym/rollout/engines/vllm.py").read_text()
 
 
 def test_the_probe_catches_prefect():

@@ -106,7 +106,7 @@ def step_without_bookkeeping(engine: Any) -> Iterator[None]:
     buffers its own way) without the bookkeeping of an applied step: the LR schedule does not
     advance, ``global_steps`` and ``global_samples`` stay, ``skipped_steps`` counts one more, and
     a ZeRO 1/2 or bf16 optimizer does not link its optimizer state yet. The caller switches off
-    the inner optimizer's step itself (``training._FiniteWatch``); this is the DeepSpeed half.
+    the inner optimizer's step itself (``training.FiniteWatch``); this is the DeepSpeed half.
 
     What it relies on in DeepSpeed: ``DeepSpeedEngine._take_model_step`` steps ``lr_scheduler``
     only when it is not None and advances ``global_steps`` / ``global_samples`` afterwards (so

@@ -142,8 +142,8 @@ def _train(env: str, rid: str, sets: list[str]) -> int:
 
 def warm_start_folder(env: str) -> Path | None:
     """The local folder of the warm start's SFT checkpoint (None: ``warmstart`` has not finished)."""
-    from agentgym.registry import materialize
-    from agentgym.tracking import Tracker
+    from agentgym.registry.champion import materialize
+    from agentgym.tracking.tracker import Tracker
 
     tracker = Tracker(tracking_uri(), f"agentgym-ablation-{env}")
     found = tracker.find_run(warmstart_id(env), "sft")

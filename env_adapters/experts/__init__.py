@@ -2,7 +2,7 @@
 
 An expert is a policy with privileged access to its environment (the adapter instance: its
 action table, recipe tree, or the simulator's gold action sequence). It returns the *bare*
-action text of each turn; :mod:`agentgym.demos` writes it in the reply format the policy is
+action text of each turn; :mod:`agentgym.training.demos` writes it in the reply format the policy is
 trained to produce (``rollout.response_prefix`` / ReAct lines) through the same
 ``ChatFormatter``, so a demonstration's tokens are exactly what the policy would have sampled.
 

@@ -8,9 +8,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentgym.chat import ChatFormatter
 from agentgym.config import AlgorithmConfig, PipelineConfig, TrainerConfig
 from agentgym.context import merge_segments, segment_bounds, split_rows
-from agentgym.engines.hf import HFEngine
-from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
-from agentgym.training import PolicyTrainer, TrainBatch
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes
+from agentgym.training.batch import TrainBatch
+from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.types import Episode
 from env_adapters import make_env
 

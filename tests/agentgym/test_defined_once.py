@@ -1,8 +1,8 @@
-"""Rules defined once: Prefect artifact keys (agentgym.artifact_keys), a run's store location."""
+"""Rules defined once: Prefect artifact keys (agentgym.tracking.artifact_keys), a run's store location."""
 
 from pathlib import Path
 
-from agentgym.artifact_keys import MAX_KEY_CHARS, artifact_key
+from agentgym.tracking.artifact_keys import MAX_KEY_CHARS, artifact_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_no_hand_built_keys():
 
 def test_store_location_is_built_in_one_place():
     """A run's store path comes from TrajectoryStore.location, as the store itself lays it out."""
-    from agentgym.store import TrajectoryStore
+    from agentgym.store.trajectory_store import TrajectoryStore
 
     store = TrajectoryStore("/tmp/x-root/", "run-1")
     assert TrajectoryStore.location("/tmp/x-root/", "run-1", "episodes") == store.path("episodes")
@@ -37,14 +37,14 @@ def test_store_location_is_built_in_one_place():
 
 
 def test_flows_and_tasks_reach_mlflow_through_the_tracker():
-    """MLflow is called through agentgym.tracking.Tracker's methods, not its raw client."""
+    """MLflow is called through agentgym.tracking.tracker.Tracker's methods, not its raw client."""
     offenders = [str(p.relative_to(ROOT)) for folder in ("flows", "tasks")
                  for p in (ROOT / folder).rglob("*.py") if "tracker.client." in p.read_text()]
     assert not offenders, offenders
 
 
 def test_tracker_run_helpers(tmp_path):
-    from agentgym.tracking import TAG_KIND, Tracker
+    from agentgym.tracking.tracker import TAG_KIND, Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "helpers")
     rid = tracker.open_run("evaluation", "eval-x", {"agentgym.model": "m"}, {"k": 4, "long": "x" * 7000})

@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from agentgym.chat import ChatFormatter
-from agentgym.demos import (EXPERT_POLICY_VERSION, demos_dataset_id, generate_demos,
+from agentgym.training.demos import (EXPERT_POLICY_VERSION, demos_dataset_id, generate_demos,
                             trim_after_last_reply)
-from agentgym.models import load_model
-from agentgym.store import TrajectoryStore
+from agentgym.models.folders import load_model
+from agentgym.store.trajectory_store import TrajectoryStore
 from env_adapters import make_env
 from env_adapters.babyai import parse_reply
 from env_adapters.experts import make_expert

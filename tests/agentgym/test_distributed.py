@@ -17,12 +17,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
-from agentgym.distributed import GroupError, ResidentGroup
-from agentgym.group_launcher import exit_codes, hostfile_slots, launcher_cmd, root_cause
 from agentgym.pipeline import IterationRef, PolicySession
-from agentgym.store import TrajectoryStore
-from agentgym.trainer import Trainer, create_trainer
-from agentgym.training import PolicyTrainer, TrainBatch
+from agentgym.store.trajectory_store import TrajectoryStore
+from agentgym.training.batch import TrainBatch
+from agentgym.training.group.driver import GroupError, ResidentGroup
+from agentgym.training.group.launcher import exit_codes, hostfile_slots, launcher_cmd, root_cause
+from agentgym.training.policy_trainer import PolicyTrainer
+from agentgym.training.protocol import Trainer, create_trainer
 from batches import synthetic_rows  # tests/ is on sys.path
 
 pytestmark = pytest.mark.timeout(300)
@@ -190,7 +191,7 @@ def test_launch_helpers(tmp_path):
     cfg = TrainerConfig(world_size=4, hostfile=str(hostfile), master_addr="10.0.0.1")
     cmd = launcher_cmd(cfg, 4, ("10.0.0.1", 5000), 5001, Path(tmp_path))
     assert "--hostfile" in cmd and "--no_local_rank" in cmd and "--module" in cmd
-    assert cmd[cmd.index("--module") + 1] == "agentgym.group_worker" and "10.0.0.1:5000" in cmd
+    assert cmd[cmd.index("--module") + 1] == "agentgym.training.group.worker" and "10.0.0.1:5000" in cmd
     assert not any("key" in c.lower() or "token" in c.lower() for c in cmd)  # the authkey goes by env
 
 
@@ -198,7 +199,7 @@ def test_sft_on_two_ranks_matches_one_process(tmp_path, tiny_path, model_cache):
     """The SFT stage's trainer calls (``train_epoch``, ``sft_metrics``, ``advance_lr_schedule``
     after a weights-only resume) through a resident group of 2 ranks give what one process gives:
     the held-out measure and the learning rate exactly, the trained weights within round-off."""
-    from agentgym import sft as S
+    from agentgym.training import sft as S
 
     from agentgym.types import Episode
 

@@ -10,9 +10,10 @@ import torch
 from transformers import AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig
-from agentgym.distributed import ResidentGroup
-from agentgym.trainer import create_trainer
-from agentgym.training import PolicyTrainer, TrainBatch
+from agentgym.training.batch import TrainBatch
+from agentgym.training.group.driver import ResidentGroup
+from agentgym.training.policy_trainer import PolicyTrainer
+from agentgym.training.protocol import create_trainer
 from batches import synthetic_batch  # tests/ is on sys.path
 
 pytestmark = pytest.mark.timeout(300)

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentgym.engines import SamplingParams
-from agentgym.engines.hf import HFEngine, _top_p_filter, candidate_tree
+from agentgym.rollout.engines import SamplingParams
+from agentgym.rollout.engines.hf import HFEngine, _top_p_filter, candidate_tree
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_stop_string_ignores_leading_whitespace(engine):
 
 
 def test_length_groups_bound_the_padding():
-    from agentgym.engines.hf import length_groups
+    from agentgym.rollout.engines.hf import length_groups
 
     lengths = [372, 100, 360, 120, 250, 101, 99, 371]
     groups = length_groups(lengths, 0.1)
@@ -282,7 +282,7 @@ def test_reserved_layer_holds_what_a_dynamic_layer_holds_without_copying_per_tok
     batch selection; within the reserve a step writes in place (same buffer)."""
     from transformers.cache_utils import DynamicLayer
 
-    from agentgym.engines.hf import ReservedLayer
+    from agentgym.rollout.engines.hf import ReservedLayer
 
     g = torch.Generator().manual_seed(0)
     kv = lambda n, t: (torch.randn(2, 3, t, 4, generator=g), torch.randn(2, 3, t, 4, generator=g))  # noqa: E731

@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from agentgym.engines.base import InferenceEngine
-from agentgym.engines.hf import HFEngine
-from agentgym.engines.vllm import VLLMEngine
-from agentgym.engines.vllm_server import VLLMServerEngine
+from agentgym.rollout.engines.base import InferenceEngine
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.rollout.engines.vllm import VLLMEngine
+from agentgym.rollout.engines.vllm_server import VLLMServerEngine
 from scripted_engine import NoCacheEngine  # tests/ is on sys.path
 
 METHODS = sorted(n for n, v in vars(InferenceEngine).items() if inspect.isfunction(v) and not n.startswith("_"))

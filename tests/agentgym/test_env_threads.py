@@ -1,11 +1,11 @@
-"""The env thread pools the rollout borrows (agentgym.env_threads): kept between rollouts, never
+"""The env thread pools the rollout borrows (agentgym.rollout.env_threads): kept between rollouts, never
 shared by two at once, dropped after a failure."""
 
 import threading
 
 import pytest
 
-from agentgym.env_threads import env_pool
+from agentgym.rollout.env_threads import env_pool
 
 
 def _threads_used(pool, n: int) -> set[int]:

@@ -12,11 +12,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.chat import ChatFormatter
 from agentgym.config import parse_config
-from agentgym.engines.base import Sample
-from agentgym.engines.hf import HFEngine
+from agentgym.rollout.engines.base import Sample
+from agentgym.rollout.engines.hf import HFEngine
 from scripted_engine import NoCacheEngine  # tests/ is on sys.path
 from env_adapters.babyai import BABYAI_FAMILIES
-from agentgym.evaluation import (
+from agentgym.evaluation.metrics import (
     OVERALL,
     EvalReport,
     TaskResult,
@@ -166,7 +166,7 @@ def test_evaluate_scores_match_the_closed_form(tiny_path):
     assert row.avg_at_k == pytest.approx(sum(c / 6 for c in wins.values()) / 4)
     assert row.pass_at_k == pytest.approx(sum(1 - comb(6 - c, 2) / comb(6, 2) for c in wins.values()) / 4)
     assert [c[0] for c in engine.calls] == [12, 12]  # two batches of whole tasks
-    from agentgym.rollout import turn_seed
+    from agentgym.rollout.loop import turn_seed
 
     assert [c[2] for c in engine.calls] == [turn_seed(5 * 1_000_003 + b, 0) for b in (0, 1)]
     greedy = evaluate(engine, ChatFormatter(tok), cfg, k=4, greedy=True)

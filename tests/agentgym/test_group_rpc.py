@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from agentgym.group_rpc import Client, RankAcceptor, plain, recv, send
+from agentgym.training.group.rpc import Client, RankAcceptor, plain, recv, send
 
 
 def _connect(address, key, hello):
@@ -67,7 +67,7 @@ def test_a_rank_serves_commands_from_its_table_and_exits_with_its_driver():
     back as an error reply (the driver then takes the group down), EOF ends the rank."""
     from multiprocessing import Pipe
 
-    from agentgym.group_worker import RankServer
+    from agentgym.training.group.worker import RankServer
 
     driver, rank_end = Pipe()
     server = RankServer(rank_end, rank=0)

@@ -1,4 +1,4 @@
-"""``agentgym.heap.release_freed_heap`` gives freed-but-kept C heap back to the OS: the fix for
+"""``agentgym.infra.heap.release_freed_heap`` gives freed-but-kept C heap back to the OS: the fix for
 the RSS growth per vLLM CPU weight rebuild (docs/reliability.md, "Soak")."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.heap import _malloc_trim, release_freed_heap
+from agentgym.infra.heap import _malloc_trim, release_freed_heap
 
 
 def _rss_anon_mib() -> float:

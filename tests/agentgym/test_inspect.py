@@ -1,5 +1,5 @@
-"""`agentgym inspect` / `agentgym view` and the library under them (agentgym.inspect_run,
-agentgym.viewer), on a real store written with TrajectoryStore.write_episodes in tmp_path."""
+"""`agentgym inspect` / `agentgym view` and the library under them (agentgym.evaluation.inspect_run,
+agentgym.evaluation.viewer), on a real store written with TrajectoryStore.write_episodes in tmp_path."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.inspect_run import (
+from agentgym.evaluation.inspect_run import (
     EPISODE_COLUMNS,
     TURN_COLUMNS,
     episode_turns,
@@ -22,9 +22,9 @@ from agentgym.inspect_run import (
     list_episodes,
     open_store,
 )
-from agentgym.store import TrajectoryStore
+from agentgym.evaluation.viewer import run_data, write_html
+from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.types import Episode, Turn
-from agentgym.viewer import run_data, write_html
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "run-x"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from agentgym.learning_curve import from_mlflow, plot
-from agentgym.tracking import Tracker
+from agentgym.evaluation.learning_curve import from_mlflow, plot
+from agentgym.tracking.tracker import Tracker
 
 
 def test_curve_places_heldout_points_at_their_stage_ends(tmp_path):

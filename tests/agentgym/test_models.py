@@ -1,4 +1,4 @@
-"""agentgym.models: the tiny test model, model resolution/loading, the packaged SmolLM2."""
+"""agentgym.models.folders: the tiny test model, model resolution/loading, the packaged SmolLM2."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym import models as M
 from agentgym.chat import ChatFormatter
+from agentgym.models import folders as M
 
 MESSAGES = [
     {"role": "system", "content": "You are an agent."},

@@ -17,11 +17,12 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig
-from agentgym.dist_env import free_port
-from agentgym.distributed import ResidentGroup
-from agentgym.group_launcher import join_node, launcher_cmd
-from agentgym.group_rpc import AUTHKEY_ENV
-from agentgym.training import PolicyTrainer, TrainBatch
+from agentgym.training.batch import TrainBatch
+from agentgym.training.group.dist_env import free_port
+from agentgym.training.group.driver import ResidentGroup
+from agentgym.training.group.launcher import join_node, launcher_cmd
+from agentgym.training.group.rpc import AUTHKEY_ENV
+from agentgym.training.policy_trainer import PolicyTrainer
 from test_distributed import LOSS_RTOL, WEIGHT_ATOL, _rows  # tests/agentgym is on sys.path
 
 # ~1 min on the loaded 2-core machine, but up to 4 min when a timed job shares it (measured):

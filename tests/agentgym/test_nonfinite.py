@@ -14,8 +14,10 @@ import torch
 from transformers import AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig
-from agentgym.tracking import Tracker
-from agentgym.training import NonFiniteTrainingError, PolicyTrainer, TrainBatch
+from agentgym.tracking.tracker import Tracker
+from agentgym.training.batch import TrainBatch
+from agentgym.training.finite import NonFiniteTrainingError
+from agentgym.training.policy_trainer import PolicyTrainer
 from batches import synthetic_batch  # tests/ is on sys.path
 
 
@@ -104,7 +106,7 @@ def test_a_nan_gradient_under_a_finite_loss_is_skipped(tiny_path, caplog):
         output.register_hook(lambda grad: torch.full_like(grad, float("nan")))
 
     handle = emb.register_forward_hook(poison_backward)
-    with caplog.at_level(logging.WARNING, logger="agentgym.training"):
+    with caplog.at_level(logging.WARNING, logger="agentgym.training.policy_trainer"):
         out = tr.train_on_batch(good, seed=2)
     handle.remove()
     assert out["nonfinite_skips"] == 1 and out["optimizer_steps"] == 0

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import agentgym.patches as patches
 from agentgym.patches import UnsupportedUpstream, require_attribute, require_version
 from agentgym.patches import deepspeed as ds_patches
 from agentgym.patches import minigrid as minigrid_patches
 from agentgym.patches import textcraft as textcraft_patches
 from agentgym.patches import uvicorn as uvicorn_patches
 from agentgym.patches import vllm as vllm_patches
+import agentgym.patches as patches
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,7 +165,7 @@ class _Tied(torch.nn.Module):
 def ds_engine():
     import deepspeed
 
-    from agentgym.dist_env import init_single_process_dist
+    from agentgym.training.group.dist_env import init_single_process_dist
 
     init_single_process_dist()
     torch.manual_seed(0)
@@ -434,7 +434,7 @@ print("vllm patches ok")
 def _vllm_python() -> str:
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    from agentgym.engines.vllm_server_launch import vllm_python
+    from agentgym.rollout.engines.vllm_server_launch import vllm_python
 
     try:
         return vllm_python()

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.registry import CHAMPION, ModelRegistry, decide, materialize, parse_models_uri
-from agentgym.tracking import Tracker
+from agentgym.registry.champion import CHAMPION, ModelRegistry, decide, materialize, parse_models_uri
+from agentgym.tracking.tracker import Tracker
 
 
 def test_decide_rule():

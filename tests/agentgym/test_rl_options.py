@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from agentgym import algorithms as A
-from agentgym import rollout
 from agentgym.config import ConfigError, parse_config
 from agentgym.pipeline import IterationRef, PolicySession
+from agentgym.rollout import loop as rollout
 
 import multiturn_env
 

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.chat import ChatFormatter
-from agentgym.engines.hf import HFEngine
-from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes
 from env_adapters import make_env
 from env_adapters.base import InfraError, StepResult, TextEnv
 
@@ -290,7 +290,7 @@ def test_max_live_caps_the_batch_and_streams_episodes_as_they_end(setup):
     """With max_live 2, 5 episodes play at most 2 at a time (queued ones start as others end),
     all finish like uncapped ones would (3 turns, truncated), and iter_episodes hands each one
     out before the rollout is over."""
-    from agentgym.rollout import iter_episodes
+    from agentgym.rollout.loop import iter_episodes
 
     engine, fmt = setup
     sizes = []
@@ -323,7 +323,7 @@ def test_each_turn_records_the_state_it_acted_in(setup):
     """``Turn.state_key`` is the adapter's ``info["state_key"]`` that came with the turn's
     observation (the reset's for turn 0, the previous step's after), else the observation's
     digest: replaying the stored actions in a fresh BabyAI gives the same keys."""
-    from agentgym.rollout import state_key
+    from agentgym.rollout.loop import state_key
 
     engine, fmt = setup
     fmt = ChatFormatter(fmt.tokenizer, "Action:")

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from agentgym import algorithms as A
-from agentgym import sft as S
 from agentgym.chat import ChatFormatter
 from agentgym.config import parse_config
-from agentgym.demos import generate_demos
-from agentgym.engines.base import SamplingParams
-from agentgym.engines.hf import HFEngine
-from agentgym.models import load_model
+from agentgym.models.folders import load_model
+from agentgym.rollout.engines.base import SamplingParams
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.training import sft as S
+from agentgym.training.demos import generate_demos
 from env_adapters import make_env
 from env_adapters.babyai import parse_reply
 from env_adapters.experts import make_expert

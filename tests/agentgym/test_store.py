@@ -1,4 +1,4 @@
-"""Tests for agentgym.store: local filesystem, plus a real S3-compatible server (SeaweedFS)."""
+"""Tests for agentgym.store.trajectory_store: local filesystem, plus a real S3-compatible server (SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from agentgym.store import (
-    ADVANTAGES_SCHEMA,
-    EPISODES_SCHEMA,
-    TURNS_SCHEMA,
-    CommitManifest,
-    StoreError,
-    TrajectoryStore,
-    physical_schema,
-)
+from agentgym.store.manifest import CommitManifest
+from agentgym.store.schema import ADVANTAGES_SCHEMA, EPISODES_SCHEMA, TURNS_SCHEMA, StoreError, physical_schema
+from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.types import Episode, Turn
 
 RUN = "run-1"
@@ -488,7 +482,7 @@ def test_s3_rejects_bad_credentials(s3_server):
 
 
 def test_train_batch_round_trip_keeps_order_and_optional_columns(tmp_path):
-    from agentgym.store import TrajectoryStore
+    from agentgym.store.trajectory_store import TrajectoryStore
 
     store = TrajectoryStore(str(tmp_path), "tb")
     rows = [{"episode_id": f"e{i}", "input_ids": list(range(3 + i)), "loss_mask": [0] * 2 + [1] * (1 + i),
@@ -509,7 +503,7 @@ def test_train_batch_round_trip_keeps_order_and_optional_columns(tmp_path):
 
 
 def test_an_unwritable_root_fails_the_check_naming_the_setting(tmp_path):
-    from agentgym.store import TrajectoryStore
+    from agentgym.store.trajectory_store import TrajectoryStore
 
     TrajectoryStore(str(tmp_path / "ok"), "w").check_writable()
     assert not [p for p in (tmp_path / "ok").rglob("*") if p.is_file()]  # the probe is gone
@@ -526,7 +520,7 @@ def test_datasets_written_before_a_column_was_added_still_read(store, tmp_path, 
     read_episodes."""
     import hashlib
 
-    from agentgym.store import _combined_digest
+    from agentgym.store.manifest import combined_digest
 
     eps = [make_episode(i) for i in range(2)]
     setattr(eps[0].turns[1], column, value)
@@ -541,14 +535,14 @@ def test_datasets_written_before_a_column_was_added_still_read(store, tmp_path, 
     manifest = json.loads(commit.read_text())
     rel = next(iter(manifest["sha256"]))
     manifest["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
-    manifest["digest"] = _combined_digest(manifest["sha256"])
+    manifest["digest"] = combined_digest(manifest["sha256"])
     commit.write_text(json.dumps(manifest))
     assert store.read_table("turns")[column].tolist() == [default] * 4
     assert [getattr(t, column) for e in store.read_episodes(1, 0) for t in e.turns] == [default] * 4
     # a column that was never added later is still an error, not a silent default
     pq.write_table(old.drop_columns(["reward"]), f)
     manifest["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
-    manifest["digest"] = _combined_digest(manifest["sha256"])
+    manifest["digest"] = combined_digest(manifest["sha256"])
     commit.write_text(json.dumps(manifest))
     with pytest.raises(StoreError, match="reward"):
         store.read_table("turns")
@@ -658,7 +652,7 @@ def _rewrite_shard(root: Path, table: str, stage: int, iteration: int, change) -
     its manifest (as a hand-made file would be), so only the schema is wrong, not the digest."""
     import hashlib
 
-    from agentgym.store import _combined_digest
+    from agentgym.store.manifest import combined_digest
 
     (f,) = sorted((root / RUN / table / f"stage={stage}" / f"iteration={iteration}").glob("part-*"))
     pq.write_table(change(pq.read_table(f)), f)
@@ -669,7 +663,7 @@ def _rewrite_shard(root: Path, table: str, stage: int, iteration: int, change) -
         inner = m["extra"]["turns"] if table == "turns" and path.parent.name == "episodes" else m
         rel = next(iter(inner["sha256"]))
         inner["sha256"][rel] = hashlib.sha256(f.read_bytes()).hexdigest()
-        inner["digest"] = _combined_digest(inner["sha256"])
+        inner["digest"] = combined_digest(inner["sha256"])
         path.write_text(json.dumps(m))
     return f
 

@@ -2,7 +2,7 @@
 
 import json
 
-from agentgym.tracking import Tracker, redact_secrets
+from agentgym.tracking.tracker import Tracker, redact_secrets
 
 
 def test_redact_secrets_hides_credentials_at_any_depth():

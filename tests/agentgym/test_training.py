@@ -11,7 +11,8 @@ from transformers import AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
 from agentgym.pipeline import IterationRef, PolicySession
-from agentgym.training import PolicyTrainer, TrainBatch
+from agentgym.training.batch import TrainBatch
+from agentgym.training.policy_trainer import PolicyTrainer
 from batches import synthetic_batch  # tests/ is on sys.path
 from update_compare import OptimizerSteps, assert_same_gradient, assert_step_is_adamw
 
@@ -252,7 +253,7 @@ def test_checkpoint_resume_is_bit_exact(tmp_path, tiny_path, kw):
 
 
 def test_lr_schedule_counts_optimizer_steps_not_micro_batches(tiny_path):
-    from agentgym.training import lr_lambda
+    from agentgym.training.policy_trainer import lr_lambda
 
     cfg = {"lr_schedule": "cosine", "lr_warmup_steps": 2, "lr_decay_steps": 6, "lr_min_ratio": 0.1}
     # 8 rows, 2 mini-batches of 4, micro-batches of 2: 2 optimizer steps of 2 micro-batches each
@@ -489,8 +490,8 @@ def test_kl_in_reward_takes_kl_out_of_the_loss(tiny_path):
 def test_the_in_process_trainer_reads_its_batch_from_the_store(tmp_path, tiny_path):
     """World size 1 takes the store path too (``train_from_store``, the Trainer protocol's batch
     path): the same update as the batch given in memory."""
-    from agentgym.store import TrajectoryStore
-    from agentgym.trainer import Trainer
+    from agentgym.store.trajectory_store import TrajectoryStore
+    from agentgym.training.protocol import Trainer
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
     rows = [{"episode_id": f"e{i}", "input_ids": list(range(6, 18 + i)), "loss_mask": [0] * 4 + [1] * (8 + i),

@@ -13,10 +13,10 @@ from fake_vllm_server import FakeVLLM  # tests/ is on sys.path (rootdir conftest
 from transformers import AutoTokenizer
 
 from agentgym.config import parse_config
-from agentgym.engines import SamplingParams, engine_for
-from agentgym.engines.vllm_rules import row_seed
-from agentgym.engines.vllm_server import VLLMServerEngine, parse_choice
-from agentgym.engines.vllm_server_launch import free_port
+from agentgym.rollout.engines import SamplingParams, engine_for
+from agentgym.rollout.engines.vllm_rules import row_seed
+from agentgym.rollout.engines.vllm_server import VLLMServerEngine, parse_choice
+from agentgym.rollout.engines.vllm_server_launch import free_port
 from env_adapters.base import InfraError
 
 

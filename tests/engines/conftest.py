@@ -8,6 +8,6 @@ import pytest
 @pytest.fixture(scope="module")
 def hd32_path(tmp_path_factory):
     """The tiny model with head_dim 32 (vLLM's CPU attention does not take the default 16)."""
-    from agentgym.models import build_tiny_model
+    from agentgym.models.folders import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-hd32", hidden_size=64, heads=2, kv_heads=1)

@@ -30,9 +30,9 @@ pytest.importorskip(
 
 import torch  # noqa: E402
 
-from agentgym.engines import SamplingParams, create_engine  # noqa: E402
-from agentgym.engines.hf import HFEngine  # noqa: E402
-from agentgym.models import load_model  # noqa: E402
+from agentgym.models.folders import load_model  # noqa: E402
+from agentgym.rollout.engines import SamplingParams, create_engine  # noqa: E402
+from agentgym.rollout.engines.hf import HFEngine  # noqa: E402
 
 ATOL = 1e-4
 TEXTS = ["go to the red ball", "craft", "pick up the key and open the door now",
@@ -183,7 +183,7 @@ def _live_tokenizer_pools() -> int:
 
 def test_update_weights_both_engines_agree_again(engines, hd32_path, monkeypatch):
     v, h = engines
-    import agentgym.engines.vllm as vllm_module
+    import agentgym.rollout.engines.vllm as vllm_module
 
     trims = []  # a CPU rebuild gives the old engine's freed heap back (docs/reliability.md, Soak)
     monkeypatch.setattr(vllm_module, "release_freed_heap", lambda: trims.append(1) or True)
@@ -226,7 +226,7 @@ def test_update_weights_both_engines_agree_again(engines, hd32_path, monkeypatch
 
 
 def test_default_tiny_model_is_refused_clearly(tiny_path):
-    from agentgym.engines.vllm import VLLMEngine
+    from agentgym.rollout.engines.vllm import VLLMEngine
 
     with pytest.raises(ValueError, match="head_dim=16"):
         VLLMEngine(tiny_path, dtype="float32")

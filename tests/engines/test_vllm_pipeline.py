@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from agentgym.config import parse_config  # noqa: E402
-from agentgym.models import build_tiny_model  # noqa: E402
+from agentgym.models.folders import build_tiny_model  # noqa: E402
 
 
 def test_quickstart_shape_runs_with_vllm(tmp_path):

@@ -2,7 +2,7 @@
 
 Runs in the vLLM env (``.venv-vllm/bin/python -m pytest tests/engines/test_vllm_server.py``);
 skipped where vllm is not installed. One server for the module (it takes minutes to start on
-two cores), started through ``agentgym.engines.vllm_server_launch`` with LoRA on, serving the
+two cores), started through ``agentgym.rollout.engines.vllm_server_launch`` with LoRA on, serving the
 tiny head-dim-32 model (vLLM's CPU attention needs head_dim >= 32). The last test kills it.
 """
 
@@ -22,10 +22,10 @@ pytest.importorskip("vllm", reason="vLLM runs in .venv-vllm (bash scripts/setup_
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
-from agentgym.engines import SamplingParams, create_engine  # noqa: E402
-from agentgym.engines.vllm_server import VLLMServerEngine  # noqa: E402
-from agentgym.engines.vllm_server_launch import start_vllm_server  # noqa: E402
-from agentgym.models import load_model  # noqa: E402
+from agentgym.models.folders import load_model  # noqa: E402
+from agentgym.rollout.engines import SamplingParams, create_engine  # noqa: E402
+from agentgym.rollout.engines.vllm_server import VLLMServerEngine  # noqa: E402
+from agentgym.rollout.engines.vllm_server_launch import start_vllm_server  # noqa: E402
 from env_adapters.base import InfraError  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -65,8 +65,8 @@ def test_killed_server_gives_infra_error_rest_completes(tiny_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentgym.chat import ChatFormatter
-    from agentgym.engines.hf import HFEngine
-    from agentgym.rollout import EpisodeSpec, RolloutSettings, run_episodes
+    from agentgym.rollout.engines.hf import HFEngine
+    from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes
     from env_adapters import make_env
 
     tok = AutoTokenizer.from_pretrained(tiny_path)

@@ -46,7 +46,7 @@ def parsed(env_name: str, action: str) -> str | None:
 
 def play(env: Any, expert: Expert, task_id: int, seed: int, horizon: int | Callable[[], int],
          noise: float = 0.0, rng: random.Random | None = None) -> tuple[bool, int]:
-    """One episode of ``expert`` on ``env`` (``(success, turns)``), like ``agentgym.demos``:
+    """One episode of ``expert`` on ``env`` (``(success, turns)``), like ``agentgym.training.demos``:
     with ``noise``, a turn is a random valid action instead. ``horizon`` may be computed after
     the expert's reset."""
     obs, info = env.reset(task_id, seed)

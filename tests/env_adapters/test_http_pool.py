@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 import env_adapters
 from agentgym.chat import ChatFormatter
 from agentgym.config import ConfigError, parse_config
-from agentgym.engines.base import Sample
 from agentgym.pipeline import plan_episodes
-from agentgym.rollout import RolloutSettings, run_episodes
+from agentgym.rollout.engines.base import Sample
+from agentgym.rollout.loop import RolloutSettings, run_episodes
 from env_adapters.base import InfraError, StepResult, TextEnv
 from env_adapters.http_pool import ServerPool, pool_for
 from env_adapters.http_server import create_app

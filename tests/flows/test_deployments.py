@@ -105,7 +105,7 @@ def test_run_with_overrides(deployed, record_property):
     assert (episodes["horizon"] == 1).all()  # the stages override replaced the rounds schedule
     # one override path: the run's config is what `agentgym train -c <that file> --set ...` builds
     from agentgym.config import load_config
-    from agentgym.tracking import flatten
+    from agentgym.tracking.tracker import flatten
 
     want = load_config(stack.configs / "quickstart.yaml", overrides).model_copy(update={"run_id": run_id})
     assert pipe[0].data.params == flatten(want.model_dump(mode="json"))

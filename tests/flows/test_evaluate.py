@@ -5,8 +5,8 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 
 from agentgym.config import parse_config
-from agentgym.registry import ModelRegistry
-from agentgym.tracking import TAG_KIND, Tracker
+from agentgym.registry.champion import ModelRegistry
+from agentgym.tracking.tracker import TAG_KIND, Tracker
 from local_stack import own_artifact_root
 
 

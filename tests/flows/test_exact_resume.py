@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentgym.config import parse_config
-from agentgym.tracking import Tracker
+from agentgym.tracking.tracker import Tracker
 from tasks.rl import collect_rollouts, compute_advantages, restore_policy, save_checkpoint, update_policy
 from tasks.runtime import drop_session, get_session
 

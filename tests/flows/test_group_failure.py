@@ -46,7 +46,7 @@ def _ranks(pid: int) -> list[psutil.Process]:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p for p in kids if "agentgym.group_worker" in " ".join(_cmdline(p))]
+    return [p for p in kids if "agentgym.training.group.worker" in " ".join(_cmdline(p))]
 
 
 def _cmdline(p: psutil.Process) -> list[str]:

@@ -107,7 +107,7 @@ def test_sigkill_mid_stage_two_then_resume(tmp_path, model_cache):
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path, model_cache):
-    from agentgym.tracking import ResumeConflict, Tracker
+    from agentgym.tracking.tracker import ResumeConflict, Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "conflict")
     tracker.pipeline_run("r1", {"run_id": "r1", "trainer": {"learning_rate": 1e-3}})
@@ -120,7 +120,7 @@ def test_resume_with_a_different_config_is_refused(tmp_path, model_cache):
 def test_a_step_logged_to_one_run_only_is_completed_without_doubling(tmp_path):
     """The kill can land between logging the stage run and the pipeline run: the resumed
     attempt fills in the pipeline run and leaves the stage run's step alone."""
-    from agentgym.tracking import Tracker
+    from agentgym.tracking.tracker import Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "partial")
     parent = tracker.pipeline_run("r1", {"run_id": "r1"})
@@ -139,7 +139,7 @@ def test_an_evaluation_logged_before_the_kill_is_not_repeated(tmp_path, model_ca
     """A kill after the step-2 evaluation but before the step-2 checkpoint: the resumed run
     replays the steps after its checkpoint and must not evaluate (and log) step 2 again."""
     from agentgym.config import parse_config
-    from agentgym.tracking import Tracker
+    from agentgym.tracking.tracker import Tracker
     from flows.train import scaling_inter_rl
 
     raw = yaml.safe_load(_config(tmp_path, model_cache).read_text())

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from agentgym.config import parse_config
-from agentgym.registry import ModelRegistry
+from agentgym.registry.champion import ModelRegistry
 from local_stack import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 import outage_env  # tests/flows is on sys.path
 from agentgym.config import TrackingConfig, parse_config
-from agentgym.tracking import ArtifactStoreError, Tracker
+from agentgym.tracking.tracker import ArtifactStoreError, Tracker
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def _tracking(tmp_path, s3, **extra) -> dict:
 
 
 def test_resume_from_an_s3_checkpoint_and_register_the_model(tmp_path, model_cache, s3_env, monkeypatch):
-    from agentgym.registry import materialize
+    from agentgym.registry.champion import materialize
     from flows.train import scaling_inter_rl
 
     s3 = s3_env

@@ -60,7 +60,7 @@ def test_turns_table_with_pandas(run):
 
 def test_tokens_reproduce_replies(run, model_cache):
     from agentgym.chat import ChatFormatter
-    from agentgym.models import tiny_model_path
+    from agentgym.models.folders import tiny_model_path
 
     cfg, result, _, _ = run
     tok = AutoTokenizer.from_pretrained(tiny_model_path(model_cache))
@@ -96,7 +96,7 @@ def test_mlflow_runs_metrics_and_checkpoint(run):
     local = Path(ckpt.replace("file://", ""))
     model = AutoModelForCausalLM.from_pretrained(local)
     tiny = AutoModelForCausalLM.from_pretrained(
-        __import__("agentgym.models", fromlist=["x"]).tiny_model_path(cfg.model.cache_dir))
+        __import__("agentgym.models.folders", fromlist=["x"]).tiny_model_path(cfg.model.cache_dir))
     changed = any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny.state_dict().values()))
     assert changed, "checkpoint should hold trained (changed) weights"
 
@@ -104,7 +104,7 @@ def test_mlflow_runs_metrics_and_checkpoint(run):
 def test_lr_follows_the_schedule_in_mlflow(run):
     """Every number the update returns reaches MLflow (no allow-list), ``lr`` among them: the
     logged value of each iteration is the warmup + cosine multiplier of its last optimizer step."""
-    from agentgym.training import lr_lambda
+    from agentgym.training.policy_trainer import lr_lambda
 
     cfg, result, _, _ = run
     client = MlflowClient(cfg.tracking.tracking_uri)
@@ -176,7 +176,7 @@ def test_trajectory_viewer_is_an_mlflow_artifact_linked_from_prefect(run):
 
 
 def test_run_link_points_at_a_tracking_server():
-    from agentgym.tracking import Tracker
+    from agentgym.tracking.tracker import Tracker
 
     tracker = Tracker.__new__(Tracker)  # no server to connect to: only the link is under test
     tracker.uri, tracker.experiment_id = "http://127.0.0.1:5000/", "7"
@@ -281,7 +281,7 @@ def test_prefect_and_mlflow_link_each_other(run):
 def test_final_policy_is_a_registered_mlflow_model(run):
     import mlflow.pyfunc
 
-    from agentgym.registry import materialize
+    from agentgym.registry.champion import materialize
 
     cfg, result, _, _ = run
     uri = cfg.tracking.tracking_uri

@@ -39,7 +39,7 @@ def test_gae_flow_logs_critic_metrics_and_checkpoints_the_critic(tmp_path, model
     local = Path(result["stages"][-1]["checkpoint"].replace("file://", ""))
     AutoModelForCausalLM.from_pretrained(local)  # the policy folder stays loadable
     assert {"critic.json", "value_head.safetensors", "model.safetensors"} <= {f.name for f in (local / "critic").iterdir()}
-    from agentgym.training import read_critic_folder
+    from agentgym.training.value_head import read_critic_folder
 
     assert read_critic_folder(local, "separate") == local / "critic"
     head = __import__("safetensors.torch", fromlist=["x"]).load_file(str(local / "critic" / "value_head.safetensors"))

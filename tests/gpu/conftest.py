@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_gpu_path(tmp_path_factory):
-    from agentgym.models import build_tiny_model
+    from agentgym.models.folders import build_tiny_model
 
     # head_dim 64: the sizes every vLLM attention backend takes
     return build_tiny_model(tmp_path_factory.mktemp("gpu-models") / "tiny-hd64",

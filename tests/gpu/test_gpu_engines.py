@@ -24,9 +24,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from agentgym.engines import SamplingParams  # noqa: E402
-from agentgym.engines.hf import HFEngine  # noqa: E402
-from agentgym.models import load_model  # noqa: E402
+from agentgym.models.folders import load_model  # noqa: E402
+from agentgym.rollout.engines import SamplingParams  # noqa: E402
+from agentgym.rollout.engines.hf import HFEngine  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -48,7 +48,7 @@ def _vllm():
 
 @pytest.fixture(scope="module")
 def smollm2_path():
-    from agentgym.models import resolve_model
+    from agentgym.models.folders import resolve_model
 
     try:
         return resolve_model("smollm2")
@@ -74,7 +74,7 @@ def _teacher_forced(model, prompt, reply, temperature):
 
 def test_vllm_matches_hf_on_smollm2_bf16(smollm2_path):
     _vllm()
-    from agentgym.engines.vllm import VLLMEngine
+    from agentgym.rollout.engines.vllm import VLLMEngine
 
     model, tok = load_model(smollm2_path, "bfloat16")
     hf = HFEngine(model.to("cuda"), tok)
@@ -102,7 +102,7 @@ def test_vllm_matches_hf_on_smollm2_bf16(smollm2_path):
 
 def test_vllm_inplace_weight_sync_on_gpu(tiny_gpu_path):
     _vllm()
-    from agentgym.engines.vllm import VLLMEngine
+    from agentgym.rollout.engines.vllm import VLLMEngine
 
     model, tok = load_model(tiny_gpu_path, "bfloat16")
     hf = HFEngine(model.to("cuda"), tok)
@@ -136,7 +136,7 @@ def test_vllm_inplace_weight_sync_on_gpu(tiny_gpu_path):
 
 
 def _batch(vocab: int, n: int = 8):
-    from agentgym.training import TrainBatch
+    from agentgym.training.batch import TrainBatch
 
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -156,7 +156,7 @@ def trainer(tiny_gpu_path):
     from transformers import AutoTokenizer
 
     from agentgym.config import AlgorithmConfig, TrainerConfig
-    from agentgym.training import PolicyTrainer
+    from agentgym.training.policy_trainer import PolicyTrainer
 
     tok = AutoTokenizer.from_pretrained(tiny_gpu_path)
     cfg = TrainerConfig(learning_rate=1e-3, bf16=True, zero_stage=2, micro_batch_size=4)
@@ -176,7 +176,7 @@ def test_deepspeed_step_on_gpu(trainer):
 def test_trained_weights_sync_into_vllm(trainer, tiny_gpu_path):
     """The RL loop's sync: DeepSpeed's weights -> vLLM in place -> same replies as an HF copy."""
     _vllm()
-    from agentgym.engines.vllm import VLLMEngine
+    from agentgym.rollout.engines.vllm import VLLMEngine
 
     vl = VLLMEngine(tiny_gpu_path, dtype="bfloat16", gpu_memory_utilization=0.2, max_model_len=1024)
     try:

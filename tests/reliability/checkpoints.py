@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentgym.tracking import Tracker
+from agentgym.tracking.tracker import Tracker
 
 WEIGHTS = "model.safetensors"
 

@@ -86,7 +86,7 @@ def log_checkpoints(db_dir: str, folders: list[str], first_step: int, kill_at: s
 
 def sft_run(db_dir: str | Path) -> tuple:
     """A tracker on ``db_dir``'s DB and the SFT run of pipeline ``ckpt`` (found again by a re-run)."""
-    from agentgym.tracking import Tracker
+    from agentgym.tracking.tracker import Tracker
 
     tracker = Tracker(f"sqlite:///{db_dir}/mlflow.db", "reliability")
     parent = tracker.pipeline_run("ckpt", {"run_id": "ckpt"})

@@ -36,5 +36,5 @@ def fork():
     """A fork server that imported MLflow, torch and transformers once: each checkpoint child
     (``ckpt_child``) starts in milliseconds instead of re-importing them."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["ckpt_child", "agentgym.tracking", "transformers"])
+    ctx.set_forkserver_preload(["ckpt_child", "agentgym.tracking.tracker", "transformers"])
     return ctx

@@ -11,8 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentgym.config import AlgorithmConfig, TrainerConfig
-from agentgym.registry import materialize
-from agentgym.training import PolicyTrainer
+from agentgym.registry.champion import materialize
+from agentgym.training.policy_trainer import PolicyTrainer
 from checkpoints import same_weights, stage_run, variant, weights
 from diskfull import fill, tmpfs
 

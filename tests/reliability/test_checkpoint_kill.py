@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ckpt_child
-from agentgym.registry import materialize
-from agentgym.tracking import TAG_CKPT, TAG_CKPT_STEP, Tracker
+from agentgym.registry.champion import materialize
+from agentgym.tracking.tracker import TAG_CKPT, TAG_CKPT_STEP, Tracker
 import checkpoints
 from checkpoints import same_weights, variant, weights
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from agentgym.store import TrajectoryStore
+from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.types import Episode, Turn
 from diskfull import FullDiskFS, fill, tmpfs
 
@@ -117,7 +117,7 @@ def test_a_real_full_disk_fails_the_write_cleanly(fills_before, monkeypatch):
         before = store.read_table("episodes").episode_id.tolist()
         run_dir = root / RUN
         filler: list[Path] = []
-        target = {"shard": "_stage_shard", "commit": "_commit"}[fills_before]
+        target = {"shard": "stage_shard", "commit": "_commit"}[fills_before]
         real = getattr(TrajectoryStore, target)
 
         def full_first(self, *a, **kw):

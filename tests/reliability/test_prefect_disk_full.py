@@ -7,7 +7,7 @@ Prefect tasks report their states as events sent in the background and Prefect's
 only prints "Error logging to API" -- and every iteration is committed and checkpointed; then the stage flow's end (its table artifact, its
 final state) gets HTTP 500 from the server and the run fails. Prefect alone reported
 ``PrefectHTTPStatusError: Server error '500 Internal Server Error' for url .../set_state``;
-``agentgym/prefect_db.py`` names the database, the free space and the settings instead.
+``agentgym/tracking/prefect_db.py`` names the database, the free space and the settings instead.
 With space again, ``--run-id`` resumes at the step it reached and repeats nothing.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentgym.tracking import Tracker
+from agentgym.tracking.tracker import Tracker
 from diskfull import fill, tmpfs
 
 pytestmark = pytest.mark.timeout(900)  # a hang guard: two CLI runs on a loaded 2-core machine
@@ -70,7 +70,7 @@ def _session_prefect_db() -> Path | None:
     """This test session's own Prefect database (tests/conftest.py's PREFECT_HOME), if the
     session's flow tests made it: copied, it spares the CLI under test Prefect's migrations (over
     90 s at load ~8). Run alone, the CLI migrates a fresh one."""
-    from agentgym.prefect_db import prefect_database
+    from agentgym.tracking.prefect_db import prefect_database
 
     src = prefect_database()
     return src if src is not None and src.exists() else None
@@ -154,7 +154,7 @@ def test_only_a_prefect_failure_on_a_full_disk_is_named(monkeypatch, tmp_path):
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
 
-    from agentgym import prefect_db
+    from agentgym.tracking import prefect_db
 
     req = httpx.Request("POST", "http://127.0.0.1:9/api/flow_runs/x/set_state")
     resp = httpx.Response(500, request=req, json={"exception_message": "Internal Server Error"})

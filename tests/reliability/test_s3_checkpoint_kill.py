@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ckpt_child
-from agentgym.registry import materialize
-from agentgym.tracking import Tracker
+from agentgym.registry.champion import materialize
+from agentgym.tracking.tracker import Tracker
 import checkpoints
 from checkpoints import same_weights, variant, weights
 

@@ -20,8 +20,8 @@ import time
 import pandas as pd
 import pytest
 
-from agentgym.store import TrajectoryStore
-from agentgym.store_refusals import StoreWriteRefused
+from agentgym.store.refusals import StoreWriteRefused
+from agentgym.store.trajectory_store import TrajectoryStore
 from seaweed import weed_shell
 from test_disk_full import write
 

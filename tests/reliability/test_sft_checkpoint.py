@@ -17,8 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ckpt_child
-from agentgym.registry import materialize
-from agentgym.tracking import TAG_SFT_EPOCH
+from agentgym.registry.champion import materialize
+from agentgym.tracking.tracker import TAG_SFT_EPOCH
 import checkpoints
 from checkpoints import same_weights, variant, weights
 from diskfull import fill, tmpfs
@@ -76,7 +76,7 @@ def test_a_full_disk_during_an_sft_epoch_checkpoint_keeps_the_previous_epoch(mlf
     db = mlflow_dir
     one, two = variant(tiny_path, db / "epoch-0", 1), variant(tiny_path, db / "epoch-1", 2)
     with tmpfs("4m") as disk:
-        from agentgym.tracking import Tracker
+        from agentgym.tracking.tracker import Tracker
 
         tracker = Tracker(f"sqlite:///{db}/mlflow.db", "reliability", artifact_location=(disk / "artifacts").as_uri())
         parent = tracker.pipeline_run("ckpt", {"run_id": "ckpt"})

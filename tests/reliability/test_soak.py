@@ -36,7 +36,7 @@ def test_twenty_iterations_leak_nothing(tmp_path, model_cache, tiny_path, _mlflo
     assert all(s["tmp_files"] == 0 for s in samples), [s["tmp_files"] for s in samples]
     # and the loop really ran: 20 updates, 4 checkpoints logged, the trajectories committed
     assert last["policy_version"] == 20
-    from agentgym.tracking import Tracker
+    from agentgym.tracking.tracker import Tracker
 
     assert Tracker(f"sqlite:///{tmp_path}/mlflow.db", "soak").latest_checkpoint("soak").global_step == 20
     assert len(list((tmp_path / "store" / "soak" / "_commits" / "episodes").glob("0-*.json"))) == 20

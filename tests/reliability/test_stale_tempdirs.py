@@ -1,5 +1,5 @@
 """Temporary folders of a process killed with SIGKILL (checkpoint exports, group folders) are
-removed by the next process that makes one (``agentgym.tempdirs``), and only those: a live
+removed by the next process that makes one (``agentgym.infra.tempdirs``), and only those: a live
 process's folder, a folder whose PID now runs another process, another host's and an old-style
 folder without an owner are handled as the module says (kept, removed, kept, kept)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import tempdirs
+from agentgym.infra import tempdirs
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import os, signal, shutil, sys, time
 from pathlib import Path
-from agentgym import tempdirs
+from agentgym.infra import tempdirs
 mode, model = sys.argv[1], sys.argv[2]
 group = tempdirs.make("agentgym-group-")
 (group / "logs-0").mkdir()

@@ -19,9 +19,9 @@ import sqlite3
 
 import pytest
 
-from agentgym.models import tiny_model_path
-from agentgym.registry import materialize
-from agentgym.tracking import TAG_DONE, Tracker
+from agentgym.models.folders import tiny_model_path
+from agentgym.registry.champion import materialize
+from agentgym.tracking.tracker import TAG_DONE, Tracker
 from checkpoints import same_weights, weights
 from diskfull import fill, tmpfs
 

@@ -1,0 +1,1 @@
+"""Process plumbing that any component may use: disk-full errors, temp folders, heap trimming, progress."""
