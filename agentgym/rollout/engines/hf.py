@@ -89,8 +89,9 @@ class ReservedLayer(DynamicLayer):
     """A ``DynamicLayer`` whose keys/values live at the front of a buffer with spare room: a
     decode step writes its token's keys/values into the room instead of ``torch.cat``-ing them
     onto the whole cache. ``DynamicLayer`` copies every layer's entire cache at every generated
-    token, O(context) per token: with 16 SmolLM2 rows that copy was a sixth of a decode step at
-    250 tokens of context and nearly a third at 2,000 (``bench/kv_cache_decode.py``). ``keys`` / ``values`` are views of the filled part (what attention reads);
+    token, O(context) per token, a share of each decode step that grows with the context
+    (``bench/kv_cache_decode.py`` measures it). ``keys`` / ``values`` are views of the filled part
+    (what attention reads);
     the buffer grows by ``reserve`` more tokens (one copy) when full, and a batch selection
     (rows leaving the batch) copies the buffer once."""
 
