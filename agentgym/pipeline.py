@@ -23,12 +23,12 @@ import torch
 from agentgym import algorithms as A
 from agentgym.chat import ChatFormatter
 from agentgym.config import Estimator, PipelineConfig
-from agentgym.context import merge_segments, split_rows
+from agentgym.batch import EpisodeBatch
+from agentgym.context import merge_segments
 from agentgym.models.folders import resolve_model
 from agentgym.rollout.engines import engine_for
 from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes
 from agentgym.store.trajectory_store import TrajectoryStore
-from agentgym.training.batch import TrainBatch
 from agentgym.training.protocol import Trainer, create_trainer
 from agentgym.training.value_head import CRITIC_DIR
 from agentgym.types import Episode, Turn
@@ -296,8 +296,9 @@ class PolicySession:
             manifest = self.store.write_advantages([], stage=ref.stage, iteration=ref.iteration,
                                                    estimator=algo.estimator.value)
             return {"rows": 0, "digest": manifest.digest, "reused": False, "tied_groups": 0.0}
-        batch = self._episode_batch(episodes)
-        mask = batch.loss_mask
+        batch = EpisodeBatch.from_episodes(episodes)
+        padded = batch.padded(self._pad_id())
+        mask = padded.loss_mask
         rewards = episode_scores(episodes, algo.invalid_action_penalty)  # = rewards when unshaped
         groups = [e.group_id for e in episodes]
         gae = algo.estimator is Estimator.GAE
@@ -307,10 +308,10 @@ class PolicySession:
             need.append("ref_logprobs")
             if algo.recompute_old_logprobs:  # the update recomputes them the same way (same policy)
                 need.append("logprobs")
-        computed = self._compute(episodes, batch, need) if need else {}
+        computed = self._compute(batch, need) if need else {}
         penalty = torch.zeros_like(mask)
         if algo.kl_in_reward:
-            old_lp = computed.get("logprobs", batch.old_logprobs)
+            old_lp = computed.get("logprobs", padded.old_logprobs)
             kl = A.kl_penalty(old_lp, computed["ref_logprobs"], algo.kl_estimator) * mask
             penalty = -algo.kl_coef * kl
             extra["kl"] = float(A.masked_mean(kl, mask))
@@ -320,18 +321,15 @@ class PolicySession:
             extra["explained_variance"] = A.explained_variance(values, ret, mask)
             extra["value_mean"] = float(A.masked_mean(values, mask))
             extra["return_mean"] = float(A.masked_mean(ret, mask))
-            self._old_values[(ref.stage, ref.iteration)] = {
-                e.episode_id: values[i, : len(e.input_ids)].tolist() for i, e in enumerate(episodes)}
+            valued = batch.with_columns(old_values=values)
+            self._old_values[(ref.stage, ref.iteration)] = dict(zip(valued["episode_id"], valued["old_values"]))
         tied = A.tied_groups(rewards, groups)
-        rows = [
-            {"episode_id": e.episode_id,
-             "advantages": adv[i, : len(e.input_ids)].tolist(),
-             "returns": ret[i, : len(e.input_ids)].tolist()}
-            for i, e in enumerate(episodes)
-        ]
+        batch = batch.with_columns(advantages=adv, returns=ret)
         t_write = time.perf_counter()
-        manifest = self.store.write_advantages(rows, stage=ref.stage, iteration=ref.iteration,
-                                               estimator=algo.estimator.value)
+        manifest = self.store.write_advantages(
+            [{"episode_id": i, "advantages": a, "returns": r}
+             for i, a, r in zip(batch["episode_id"], batch["advantages"], batch["returns"])],
+            stage=ref.stage, iteration=ref.iteration, estimator=algo.estimator.value)
         write_s = time.perf_counter() - t_write
         extra["time/advantages_store_read_s"] = read_s
         extra["time/advantages_store_write_s"] = write_s
@@ -368,29 +366,19 @@ class PolicySession:
         return A.compute_advantages(algo.estimator, token_rewards, mask, groups, values=values, gamma=algo.gamma,
                                     lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
 
-    def _compute(self, episodes: list[Episode], batch: TrainBatch, need: list[str]) -> dict[str, torch.Tensor]:
-        """The trainer's per-token ``need`` (values, log-probs) on the episode layout of ``batch``:
-        an episode with several context segments is computed one segment per row, as trained."""
-        if not any(e.context_starts for e in episodes):
-            return self.trainer.compute(batch, need)
-        seg_rows, spans = split_rows(self._episode_rows(episodes))
-        got = self.trainer.compute(TrainBatch.from_rows(seg_rows, self._pad_id()), need)
-        shape = (batch.input_ids.shape[0], batch.input_ids.shape[1])
+    def _compute(self, batch: EpisodeBatch, need: list[str]) -> dict[str, torch.Tensor]:
+        """The trainer's per-token ``need`` (values, log-probs), (B, T) in the episode layout of
+        ``batch``: an episode with several context segments is computed one segment per row, as
+        it is trained."""
+        segments, spans = batch.segments()
+        got = self.trainer.compute(segments.padded(self._pad_id()), need)
+        shape = (len(batch), max(len(x) for x in batch["input_ids"]))
+        if len(segments) == len(batch) and all(a == 0 and b == len(x) for (_, a, b), x in zip(spans, batch["input_ids"])):
+            return got  # no episode was cut: the segment rows are the episodes
         return {k: merge_segments(v, spans, shape) for k, v in got.items()}
 
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-
-    @staticmethod
-    def _episode_rows(episodes: list[Episode]) -> list[dict[str, Any]]:
-        """The episodes as rows of the episode layout (advantages 0, context segments marked)."""
-        return [{"input_ids": e.input_ids, "loss_mask": e.loss_mask, "old_logprobs": e.old_logprobs,
-                 "advantages": [0.0] * len(e.input_ids), "context_starts": e.context_starts} for e in episodes]
-
-    def _episode_batch(self, episodes: list[Episode]) -> TrainBatch:
-        """The episodes as a padded ``TrainBatch`` of the episode layout (advantages 0), for the
-        advantage step's masks and the trainer's forwards."""
-        return TrainBatch.from_rows(self._episode_rows(episodes), self._pad_id())
 
     @staticmethod
     def _turn_rewards(episodes: list[Episode], invalid_action_penalty: float = 0.0
@@ -450,35 +438,27 @@ class PolicySession:
         flags = tied_episodes(scored, algo.invalid_action_penalty)
         tied = {e.episode_id for e, t in zip(scored, flags) if t}
         group_estimator = algo.estimator in (Estimator.GRPO, Estimator.RLOO)
-        rows = []
-        skipped = 0
-        for rec in adv.itertuples(index=False):
-            e = episodes[rec.episode_id]
-            if e.infra_error:
-                continue
-            advantages = list(rec.advantages)
-            # a tied group has no signal, unless a KL penalty in the rewards gave it some
-            if algo.skip_tied_groups and group_estimator and e.episode_id in tied and not any(advantages):
-                skipped += 1
-                continue
-            row: dict[str, Any] = {"episode_id": e.episode_id, "input_ids": e.input_ids, "loss_mask": e.loss_mask,
-                                   "old_logprobs": e.old_logprobs, "advantages": advantages,
-                                   "context_starts": e.context_starts}
-            if critic:
-                row["returns"] = list(rec.returns)
-                row["old_values"] = old_values.get(e.episode_id) if old_values else None
-            rows.append(row)
-        if not rows:
+        adv = adv[[not episodes[i].infra_error for i in adv["episode_id"]]]
+        batch = EpisodeBatch.from_episodes(episodes[i] for i in adv["episode_id"]).with_columns(
+            advantages=[list(a) for a in adv["advantages"]])
+        if critic:
+            batch = batch.with_columns(returns=[list(r) for r in adv["returns"]])
+            if old_values and all(i in old_values for i in batch["episode_id"]):
+                batch = batch.with_columns(old_values=[old_values[i] for i in batch["episode_id"]])
+            # else the trainer computes them before its first step
+        # the row mask: a tied group has no signal, unless a KL penalty in the rewards gave it some
+        keep = [not (algo.skip_tied_groups and group_estimator and i in tied and not any(a))
+                for i, a in zip(batch["episode_id"], batch["advantages"])]
+        skipped = keep.count(False)
+        batch = batch.select(keep)
+        if not len(batch):
             return {"updated": False, "skipped_episodes": float(skipped), "policy_version": self.policy_version,
                     "staleness": float(staleness)}
-        if critic and any(r["old_values"] is None for r in rows):
-            for r in rows:  # the trainer computes them before its first step
-                r["old_values"] = None
         t0 = time.perf_counter()
         seed = self.cfg.seed * 7919 + ref.global_step
-        # One batch path at every world size: the exact rows go to the store's train_batch table
-        # and the trainer (or each of a group's ranks) reads them back from there.
-        self.store.write_train_batch(rows, stage=ref.stage, iteration=ref.iteration)
+        # One batch path at every world size: exactly this batch goes to the store's train_batch
+        # table and the trainer (or each of a group's ranks) reads it back from there.
+        self.store.write_train_batch(batch, stage=ref.stage, iteration=ref.iteration)
         write_s = time.perf_counter() - t0
         trainer = self.trainer  # built on the first update: its start-up is timed apart
         t_train = time.perf_counter()
@@ -492,7 +472,7 @@ class PolicySession:
                    "time/train_batch_write_s": write_s, "time/trainer_start_s": t_train - t0 - write_s,
                    "time/train_s": t_sync - t_train, "time/weight_sync_s": end - t_sync}
         return {"updated": True, "update_seconds": end - t0,
-                "skipped_episodes": float(skipped), "train_episodes": float(len(rows)),
+                "skipped_episodes": float(skipped), "train_episodes": float(len(batch)),
                 "policy_version": self.policy_version, "staleness": float(staleness), **metrics}
 
     def sync_weights(self) -> None:

@@ -92,6 +92,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from agentgym.batch import EpisodeBatch
 from agentgym.infra.diskspace import disk_errors
 from agentgym.store.manifest import CommitManifest, StagedShard, combined_digest, sha256_hex, utc_now
 from agentgym.store.refusals import refused_writes
@@ -269,36 +270,33 @@ class TrajectoryStore:
         self._gc_partition(winner)
         return winner
 
-    def write_train_batch(self, rows: list[dict], *, stage: int, iteration: int) -> CommitManifest:
-        """Write one update's batch rows ``{episode_id, input_ids, loss_mask, old_logprobs,
-        advantages[, returns][, old_values][, context_starts]}`` in batch order (the episode
-        layout: the trainer cuts rows with ``context_starts`` into segments); idempotent like the
+    def write_train_batch(self, batch: EpisodeBatch, *, stage: int, iteration: int) -> CommitManifest:
+        """Commit one update's batch as the train_batch table, exactly (rows in batch order, the
+        episode layout; absent optional columns are stored as empty lists); idempotent like the
         others."""
         stage, iteration = int(stage), int(iteration)
-        n = len(rows)
-        for i, r in enumerate(rows):
-            width = len(r["input_ids"])
-            for c in ("loss_mask", "old_logprobs", "advantages", "returns", "old_values"):
-                got = r.get(c)
-                if got is not None and len(got) != width and not (c in ("returns", "old_values") and not len(got)):
-                    raise ValueError(f"train_batch row {i}: {c} has {len(got)} values for {width} tokens")
         cols = {
-            "run_id": [self.run_id] * n,
-            "episode_id": [r["episode_id"] for r in rows],
-            **{c: [as_list(r[c]) for r in rows] for c in ("input_ids", "loss_mask", "old_logprobs", "advantages")},
-            **{c: [as_list(r.get(c) if r.get(c) is not None else []) for r in rows]
-               for c in ("returns", "old_values", "context_starts")},
+            "run_id": [self.run_id] * len(batch),
+            "episode_id": list(batch["episode_id"]),
+            **{c: [as_list(v) for v in batch[c]] for c in ("input_ids", "loss_mask", "old_logprobs")},
+            **{c: [as_list(v) for v in batch[c]] if c in batch else [[] for _ in range(len(batch))]
+               for c in ("advantages", "returns", "old_values", "context_starts")},
         }
+        if "advantages" not in batch:
+            raise ValueError("write_train_batch: the batch has no advantages column; the update trains on advantages")
         return self._commit_single("train_batch", stage, iteration, self._to_table("train_batch", cols))
 
-    def read_train_rows(self, stage: int, iteration: int) -> list[dict]:
-        """``write_train_batch``'s rows back, in batch order (``None`` where a list was empty)."""
-        rows = self.read_arrow("train_batch", stage=stage, iteration=iteration).to_pylist()
-        for r in rows:
-            for c in ("returns", "old_values"):
-                if not r[c]:
-                    r[c] = None
-        return rows
+    def read_train_batch(self, stage: int, iteration: int) -> EpisodeBatch:
+        """``write_train_batch``'s batch back, in batch order (a column stored empty in every row
+        is absent)."""
+        table = self.read_arrow("train_batch", stage=stage, iteration=iteration)
+        columns = {c: table.column(c).to_pylist() for c in
+                   ("episode_id", "input_ids", "loss_mask", "old_logprobs", "advantages", "context_starts")}
+        for c in ("returns", "old_values"):
+            values = table.column(c).to_pylist()
+            if any(values):
+                columns[c] = values
+        return EpisodeBatch(columns)
 
     # -- building tables (all validation happens here, before any byte is written)
     def episode_tables(

@@ -43,7 +43,6 @@ from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel, PreTr
 
 from agentgym import algorithms as A
 from agentgym.config import AlgorithmConfig, TrainerConfig
-from agentgym.context import split_rows
 from agentgym.infra.diskspace import disk_errors
 from agentgym.models.hardware import resolve_bf16
 from agentgym.patches.deepspeed import exclude_frozen_aliases
@@ -613,8 +612,8 @@ class PolicyTrainer:
         """Train on the iteration's committed ``train_batch`` table of the trajectory store
         (``TrajectoryStore.spec()``): the pipeline's one batch path, at every world size."""
         t0 = time.perf_counter()
-        rows, _ = split_rows(TrajectoryStore(**store).read_train_rows(stage, iteration))  # a row per context segment
-        batch = TrainBatch.from_rows(rows, self.pad_id)
+        segments, _ = TrajectoryStore(**store).read_train_batch(stage, iteration).segments()
+        batch = segments.padded(self.pad_id)  # a row per context segment: what the policy saw
         read_s = time.perf_counter() - t0  # store read + padding: the rest is forward/backward/step
         return {**self.train_on_batch(batch, seed=seed), "time/train_store_read_s": read_s}
 

@@ -13,6 +13,7 @@ from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes
 from agentgym.training.batch import TrainBatch
 from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.types import Episode
+from agentgym.batch import EpisodeBatch
 from env_adapters import make_env
 
 SYSTEM = "Reach the goal."
@@ -191,8 +192,9 @@ def test_the_advantage_step_computes_on_segments(tmp_path, model_cache):
         session.collect(IterationRef(0, 0, 0), 5)
         episodes = session.store.read_episodes(0, 0, turn_text=False)
         assert any(e.context_starts for e in episodes)  # read back from the store
-        batch = session._episode_batch(episodes)
-        got = session._compute(episodes, batch, ["logprobs"])["logprobs"]
+        episode_batch = EpisodeBatch.from_episodes(episodes)
+        batch = episode_batch.padded(session._pad_id())
+        got = session._compute(episode_batch, ["logprobs"])["logprobs"]
         mask = batch.loss_mask.bool()
         torch.testing.assert_close(got[mask], batch.old_logprobs[mask], atol=2e-4, rtol=0)
     finally:

@@ -24,6 +24,7 @@ from agentgym.training.group.driver import GroupError, ResidentGroup
 from agentgym.training.group.launcher import exit_codes, hostfile_slots, launcher_cmd, root_cause
 from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.training.protocol import Trainer, create_trainer
+from agentgym.batch import EpisodeBatch
 from batches import synthetic_rows  # tests/ is on sys.path
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,7 +67,7 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage, monkeypatc
         assert group.run_dir.parent == tmp and group.run_dir.name.startswith("agentgym-group-")
         if stage == 2:  # the pipeline's path: every rank reads the batch from the trajectory store
             store = TrajectoryStore(str(tmp_path / "store"), "dist")
-            store.write_train_batch(_rows(512, n=7, seed=0), stage=0, iteration=0)
+            store.write_train_batch(EpisodeBatch.from_rows(_rows(512, n=7, seed=0)), stage=0, iteration=0)
             got = group.train_from_store(store.spec(), 0, 0, seed=5)
             assert group.batch_bytes_sent == 0
         else:  # the batch over the driver's connections

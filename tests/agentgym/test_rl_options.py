@@ -11,6 +11,7 @@ from agentgym import algorithms as A
 from agentgym.config import ConfigError, parse_config
 from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.rollout import loop as rollout
+from agentgym.batch import EpisodeBatch
 
 import multiturn_env
 
@@ -34,7 +35,7 @@ def _cfg(tmp_path, model_cache, algo: dict, *, multi: bool = False, seed: int = 
 
 def _layout(session: PolicySession, ref: IterationRef):
     episodes = [e for e in session.store.read_episodes(ref.stage, ref.iteration) if not e.infra_error]
-    batch = session._episode_batch(episodes)
+    batch = EpisodeBatch.from_episodes(episodes).padded(session._pad_id())
     rewards = torch.tensor([e.reward for e in episodes])
     table = session.store.read_table("advantages", stage=ref.stage, iteration=ref.iteration)
     by_id = {r.episode_id: r for r in table.itertuples(index=False)}

@@ -18,6 +18,7 @@ from agentgym.store.manifest import CommitManifest
 from agentgym.store.schema import ADVANTAGES_SCHEMA, EPISODES_SCHEMA, TURNS_SCHEMA, StoreError, physical_schema
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.types import Episode, Turn
+from agentgym.batch import EpisodeBatch
 
 RUN = "run-1"
 
@@ -488,18 +489,19 @@ def test_train_batch_round_trip_keeps_order_and_optional_columns(tmp_path):
     rows = [{"episode_id": f"e{i}", "input_ids": list(range(3 + i)), "loss_mask": [0] * 2 + [1] * (1 + i),
              "old_logprobs": [0.0] * 2 + [-0.5] * (1 + i), "advantages": [0.0] * 2 + [0.25 * i] * (1 + i),
              "returns": [0.5] * (3 + i), "old_values": None} for i in (2, 0, 1)]
-    m = store.write_train_batch(rows, stage=1, iteration=4)
-    assert m.rows == 3 and store.write_train_batch(rows[:1], stage=1, iteration=4) == m  # idempotent
-    back = store.read_train_rows(1, 4)
-    assert [r["episode_id"] for r in back] == ["e2", "e0", "e1"]  # batch order
-    for want, got in zip(rows, back):
+    batch = EpisodeBatch.from_rows(rows)
+    m = store.write_train_batch(batch, stage=1, iteration=4)
+    assert m.rows == 3 and store.write_train_batch(batch.select([True, False, False]), stage=1, iteration=4) == m  # idempotent
+    back = store.read_train_batch(1, 4)
+    assert back["episode_id"] == ["e2", "e0", "e1"]  # batch order
+    for want, got in zip(rows, back.rows()):
         for c in ("input_ids", "loss_mask", "old_logprobs", "advantages", "returns"):
             assert list(got[c]) == pytest.approx(list(want[c])), c
-        assert got["old_values"] is None
+    assert "old_values" not in back  # absent in every row: absent from the batch
     spec = store.spec()
-    assert Path(spec["root"]).is_absolute() and TrajectoryStore(**spec).read_train_rows(1, 4) == back
+    assert Path(spec["root"]).is_absolute() and TrajectoryStore(**spec).read_train_batch(1, 4) == back
     with pytest.raises(ValueError, match="advantages has 1 values for 3 tokens"):
-        store.write_train_batch([{**rows[1], "advantages": [0.0]}], stage=1, iteration=5)
+        EpisodeBatch.from_rows([{**rows[1], "advantages": [0.0]}])
 
 
 def test_an_unwritable_root_fails_the_check_naming_the_setting(tmp_path):

@@ -13,6 +13,7 @@ from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
 from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.training.batch import TrainBatch
 from agentgym.training.policy_trainer import PolicyTrainer
+from agentgym.batch import EpisodeBatch
 from batches import synthetic_batch  # tests/ is on sys.path
 from update_compare import OptimizerSteps, assert_same_gradient, assert_step_is_adamw
 
@@ -498,7 +499,7 @@ def test_the_in_process_trainer_reads_its_batch_from_the_store(tmp_path, tiny_pa
              "old_logprobs": [0.0] * 4 + [-3.0] * (8 + i), "advantages": [0.0] * 4 + [1.0 - i] * (8 + i)}
             for i in range(3)]
     store = TrajectoryStore(str(tmp_path / "store"), "ws1")
-    store.write_train_batch(rows, stage=0, iteration=0)
+    store.write_train_batch(EpisodeBatch.from_rows(rows), stage=0, iteration=0)
     got = {}
     for how in ("store", "memory"):
         tr = _trainer(tiny_path)

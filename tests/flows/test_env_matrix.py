@@ -45,7 +45,7 @@ def _trained_on_the_episodes(session) -> None:
     """The update's batch (the store's train_batch table) is exactly this iteration's episodes,
     token for token: the environment's conversations, not some other data, were trained on."""
     eps = {e.episode_id: e for e in session.store.read_episodes(0, 0)}
-    rows = session.store.read_train_rows(0, 0)
+    rows = session.store.read_train_batch(0, 0).rows()
     assert sorted(r["episode_id"] for r in rows) == sorted(eps)
     for r in rows:
         e = eps[r["episode_id"]]
