@@ -14,6 +14,7 @@ from agentgym.training.batch import TrainBatch
 from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.types import Episode
 from agentgym.batch import EpisodeBatch
+from configs import DEFAULT, parse_tiny_config  # tests/ is on sys.path
 from env_adapters import make_env
 
 SYSTEM = "Reach the goal."
@@ -174,19 +175,14 @@ def test_summary_needs_an_environment_that_gives_one(setup):
 def test_the_advantage_step_computes_on_segments(tmp_path, model_cache):
     """PolicySession._compute (what GAE's values and the KL's log-probs go through) lays the
     per-segment forward back on the episode: the sampler's log-probs come back at every reply."""
-    from agentgym.config import parse_config
     from agentgym.pipeline import IterationRef, PolicySession
 
-    cfg = parse_config({
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "system_prompt": SYSTEM,
-        "envs": [{"name": "babyai", "tasks": [0, 1], "kwargs": {"observation_style": "compact"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 8, "response_prefix": "Action:",
-                    "stop": ["\n"], "context_policy": "window", "context_window": 1},
-        "trainer": {"bf16": False},
-        "schedule": {"stages": [{"horizon": 5, "iterations": 1}]},
-        "store": {"root": str(tmp_path / "store")},
-    })
+    cfg = parse_tiny_config(
+        model_cache, store_root=tmp_path / "store", system_prompt=SYSTEM,
+        envs=[{"name": "babyai", "tasks": [0, 1], "kwargs": {"observation_style": "compact"}}],
+        rollout={"max_new_tokens": 8, "response_prefix": "Action:", "stop": ["\n"], "context_policy": "window",
+                 "context_window": 1},
+        trainer={"learning_rate": DEFAULT}, schedule={"stages": [{"horizon": 5, "iterations": 1}]})
     session = PolicySession(cfg, "segments")
     try:
         session.collect(IterationRef(0, 0, 0), 5)

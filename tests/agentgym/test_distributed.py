@@ -26,6 +26,7 @@ from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.training.protocol import Trainer, create_trainer
 from agentgym.batch import EpisodeBatch
 from batches import synthetic_rows  # tests/ is on sys.path
+from configs import keyword_env, parse_tiny_config, rank_group_configs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,12 +45,6 @@ def _batch(vocab: int, n: int, seed: int) -> TrainBatch:
     return TrainBatch.from_rows(_rows(vocab, n, seed), pad_id=0)
 
 
-def _cfgs(stage: int, world: int, **kw):
-    trainer = TrainerConfig(**{"learning_rate": 1e-3, "bf16": False, "zero_stage": stage,
-                               "micro_batch_size": 2, "world_size": world, **kw})
-    return trainer, AlgorithmConfig(mini_batches=2, ppo_epochs=1)
-
-
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage, monkeypatch):
     # an isolated temp folder (this process's and the ranks'): the group must leave nothing in it
@@ -61,7 +56,7 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage, monkeypatc
     # 7 rows: mini-batches of 4 and 3, so in the second one rank 1 has 1 row and rank 0 has 2
     # (uneven shares; ZeRO-3 needs both ranks to run the same number of passes).
     batch = _batch(512, n=7, seed=0)
-    group = create_trainer(tiny_path, tok, *_cfgs(stage, 2), seed=0)
+    group = create_trainer(tiny_path, tok, *rank_group_configs(zero_stage=stage), seed=0)
     try:
         assert isinstance(group, ResidentGroup) and isinstance(group, Trainer) and group.pad_id == tok.pad_token_id
         assert group.run_dir.parent == tmp and group.run_dir.name.startswith("agentgym-group-")
@@ -92,7 +87,7 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage, monkeypatc
     # after a run (and after a failure, stage 3) nothing is left: no agentgym-group-* folder
     # (logs, DeepSpeed env file) and no torchelastic_* folder of torchrun's
     assert sorted(p.name for p in tmp.iterdir()) == []
-    single = PolicyTrainer(tiny_path, tok, *_cfgs(stage, 1), seed=0)
+    single = PolicyTrainer(tiny_path, tok, *rank_group_configs(zero_stage=stage, world_size=1), seed=0)
     want = single.train_on_batch(batch, seed=5)
     want_w = {k: v.detach().clone() for k, v in single.named_weights()}
     assert set(weights) == set(want_w)
@@ -106,15 +101,13 @@ def test_two_ranks_train_like_one_process(tmp_path, tiny_path, stage, monkeypatc
 
 def test_resident_group_in_the_pipeline_loads_weights_once(tmp_path, model_cache):
     """PolicySession with trainer.world_size=2: three iterations, one weight load per rank."""
-    cfg = parse_config({
-        "seed": 0, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": list(range(8)), "kwargs": {"target": "aeiou", "mode": "char_share"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 4, "max_new_tokens": 8},
-        "algorithm": {"estimator": "grpo", "ppo_epochs": 1, "mini_batches": 2, "skip_tied_groups": False},
-        "trainer": {"learning_rate": 5e-3, "bf16": True, "micro_batch_size": 2, "world_size": 2, "zero_stage": 2},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 3}]},
-        "store": {"root": str(tmp_path / "store")},
-    })
+    cfg = parse_tiny_config(
+        model_cache, store_root=tmp_path / "store",
+        envs=[keyword_env(tasks=list(range(8)))],
+        rollout={"group_size": 4, "max_new_tokens": 8},
+        algorithm={"estimator": "grpo", "ppo_epochs": 1, "mini_batches": 2, "skip_tied_groups": False},
+        trainer={"learning_rate": 5e-3, "bf16": True, "micro_batch_size": 2, "world_size": 2, "zero_stage": 2},
+        schedule={"stages": [{"horizon": 1, "iterations": 3}]})
     session = PolicySession(cfg, "group-pipeline")
     try:
         before = {k: v.clone() for k, v in session.engine.model.state_dict().items()}
@@ -144,7 +137,7 @@ def test_resident_group_in_the_pipeline_loads_weights_once(tmp_path, model_cache
 
 def test_dead_rank_is_a_clear_error_and_restart_resumes_from_the_checkpoint(tmp_path, tiny_path):
     tok = AutoTokenizer.from_pretrained(tiny_path)
-    group = ResidentGroup(tiny_path, tok, *_cfgs(2, 2), seed=0, run_dir=tmp_path / "run")
+    group = ResidentGroup(tiny_path, tok, *rank_group_configs(), seed=0, run_dir=tmp_path / "run")
     try:
         group.train_on_batch(_batch(512, 8, seed=0), seed=0)
         group.save_checkpoint(tmp_path / "ckpt", {"global_step": 1})

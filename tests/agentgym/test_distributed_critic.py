@@ -15,6 +15,7 @@ from agentgym.training.group.driver import ResidentGroup
 from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.training.protocol import create_trainer
 from batches import synthetic_batch  # tests/ is on sys.path
+from configs import rank_group_configs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,7 +32,7 @@ def test_two_ranks_train_a_separate_critic_like_one_process(tmp_path, tiny_path)
                            mini_batches=2, recompute_old_logprobs=True)
 
     def trainer_cfg(world: int) -> TrainerConfig:
-        return TrainerConfig(learning_rate=1e-3, bf16=False, zero_stage=2, micro_batch_size=2, world_size=world)
+        return rank_group_configs(world_size=world)[0]
 
     batch, probe = _batch(7, seed=0), _batch(3, seed=1)
     group = create_trainer(tiny_path, tok, trainer_cfg(2), algo, seed=0)

@@ -4,22 +4,23 @@ bound; informative draws stop it; every drawn episode is committed with unique i
 import pandas as pd
 import pytest
 
-from agentgym.config import parse_config
 from agentgym.pipeline import IterationRef, PolicySession, plan_episodes
+from configs import DEFAULT, parse_tiny_config  # tests/ is on sys.path
 
 
-def _config(tmp_path, model_cache, target: str, mode: str = "starts_with", max_draws: int = 3):
-    return parse_config({
-        "seed": 1, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2, 3, 4, 5], "kwargs": {"target": target, "mode": mode}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 4, "max_draws": max_draws},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
-        "store": {"root": str(tmp_path / "store")},
-    })
+def _config(tmp_path, model_cache, envs: list[dict], max_draws: int):
+    # collection only: the library's trainer settings
+    return parse_tiny_config(model_cache, store_root=tmp_path / "store", seed=1, envs=envs,
+                             rollout={"max_new_tokens": 4, "max_draws": max_draws}, trainer=DEFAULT)
+
+
+def _keyword(tmp_path, model_cache, target: str, mode: str = "starts_with", max_draws: int = 3):
+    env = {"name": "keyword", "tasks": [0, 1, 2, 3, 4, 5], "kwargs": {"target": target, "mode": mode}}
+    return _config(tmp_path, model_cache, [env], max_draws)
 
 
 def test_draws_are_distinct_and_draw_zero_is_unchanged(tmp_path, model_cache):
-    cfg = _config(tmp_path, model_cache, "x")
+    cfg = _keyword(tmp_path, model_cache, "x")
     first, again = plan_episodes(cfg, 5), plan_episodes(cfg, 5, draw=0)
     assert [s.episode_id for s in first] == [s.episode_id for s in again]
     assert not any("-d" in s.group_id for s in first)
@@ -33,14 +34,9 @@ def test_a_further_draw_replaces_only_the_tied_groups(tmp_path, model_cache):
     """One environment always ties (an untrained model never says "xyzzyq"), the other never
     does (char_share): after the first draw one of the two groups is informative, so the second
     draw plays one task, not two."""
-    cfg = parse_config({
-        "seed": 1, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "xyzzyq", "mode": "starts_with"}},
-                 {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "aeiou", "mode": "char_share"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 4, "max_draws": 2},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
-        "store": {"root": str(tmp_path / "store")},
-    })
+    cfg = _config(tmp_path, model_cache, [
+        {"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "xyzzyq", "mode": "starts_with"}},
+        {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "aeiou", "mode": "char_share"}}], max_draws=2)
     session = PolicySession(cfg, "ds-partial")
     try:
         out = session.collect(IterationRef(0, 0, 0), horizon=1)
@@ -55,7 +51,7 @@ def test_a_further_draw_replaces_only_the_tied_groups(tmp_path, model_cache):
 def test_tied_groups_draw_again_up_to_the_bound(tmp_path, model_cache, target, mode, draws):
     # an untrained model never says "xyzzyq": every group ties at 0 and all 3 draws are made;
     # char_share rewards differ between samples: the first draw is informative
-    session = PolicySession(_config(tmp_path, model_cache, target, mode), "ds-test")
+    session = PolicySession(_keyword(tmp_path, model_cache, target, mode), "ds-test")
     try:
         out = session.collect(IterationRef(0, 0, 0), horizon=1)
     finally:

@@ -23,6 +23,7 @@ from agentgym.training.group.driver import ResidentGroup
 from agentgym.training.group.launcher import join_node, launcher_cmd
 from agentgym.training.group.rpc import AUTHKEY_ENV
 from agentgym.training.policy_trainer import PolicyTrainer
+from configs import rank_group_configs  # tests/ is on sys.path
 from test_distributed import LOSS_RTOL, WEIGHT_ATOL, _rows  # tests/agentgym is on sys.path
 
 # ~1 min on the loaded 2-core machine, but up to 4 min when a timed job shares it (measured):
@@ -37,15 +38,9 @@ def _batch(n: int = 7) -> TrainBatch:
     return TrainBatch.from_rows(_rows(512, n, seed=0), pad_id=0)
 
 
-def _cfgs(**kw) -> tuple[TrainerConfig, AlgorithmConfig]:
-    kw.setdefault("world_size", 2)
-    trainer = TrainerConfig(learning_rate=1e-3, bf16=False, zero_stage=2, micro_batch_size=2, **kw)
-    return trainer, AlgorithmConfig(mini_batches=2, ppo_epochs=1)
-
-
 def _train(tiny_path, trainer: TrainerConfig, run_dir: Path) -> tuple[dict, dict]:
     tok = AutoTokenizer.from_pretrained(tiny_path)
-    group = ResidentGroup(tiny_path, tok, trainer, _cfgs()[1], seed=0, run_dir=run_dir, threads_per_rank=1)
+    group = ResidentGroup(tiny_path, tok, trainer, rank_group_configs()[1], seed=0, run_dir=run_dir, threads_per_rank=1)
     try:
         metrics = group.train_on_batch(_batch(), seed=5)
         return metrics, dict(group.named_weights())
@@ -58,7 +53,7 @@ def test_two_nodes_on_loopback_update_like_two_ranks_on_one_node(tmp_path, tiny_
     mport, dport = free_port(), free_port()
     nodes = {"nnodes": 2, "master_port": mport, "driver_port": dport}
     cfg_file = tmp_path / "pipeline.yaml"
-    cfg_file.write_text(yaml.safe_dump({"trainer": _cfgs(**nodes)[0].model_dump(mode="json")}))
+    cfg_file.write_text(yaml.safe_dump({"trainer": rank_group_configs(**nodes)[0].model_dump(mode="json")}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     # node 1 first, as an operator would start it: its rank waits in the rendezvous for node 0
     node1 = subprocess.Popen(
@@ -67,7 +62,7 @@ def test_two_nodes_on_loopback_update_like_two_ranks_on_one_node(tmp_path, tiny_
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         t0 = time.perf_counter()
-        got, got_w = _train(tiny_path, _cfgs(**nodes)[0], tmp_path / "node0")
+        got, got_w = _train(tiny_path, rank_group_configs(**nodes)[0], tmp_path / "node0")
         two_nodes_s = time.perf_counter() - t0
         out = node1.communicate(timeout=120)[0].decode(errors="replace")
         assert node1.returncode == 0, out  # the group's close ended node 1's rank and launcher too
@@ -80,7 +75,8 @@ def test_two_nodes_on_loopback_update_like_two_ranks_on_one_node(tmp_path, tiny_
     # The reference is the one-process update, as in test_distributed.py, which also shows 1 node
     # x 2 ranks == 1 process within the same bounds. A third group (1 node x 2 ranks) would cost
     # ~40 s more here; measured once (2026-12-02) it gave bit-identical weights and loss to 2 nodes.
-    single = PolicyTrainer(tiny_path, AutoTokenizer.from_pretrained(tiny_path), *_cfgs(world_size=1), seed=0)
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    single = PolicyTrainer(tiny_path, tok, *rank_group_configs(world_size=1), seed=0)
     want = single.train_on_batch(_batch(), seed=5)
     want_w = {k: v.detach().clone() for k, v in single.named_weights()}
     worst = max(float((got_w[k] - want_w[k]).abs().max()) for k in want_w)

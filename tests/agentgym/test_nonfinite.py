@@ -19,6 +19,7 @@ from agentgym.training.batch import TrainBatch
 from agentgym.training.finite import NonFiniteTrainingError
 from agentgym.training.policy_trainer import PolicyTrainer
 from batches import synthetic_batch  # tests/ is on sys.path
+from configs import tiny_trainer
 
 
 def _batch(vocab: int = 512, n: int = 6, seed: int = 0) -> TrainBatch:
@@ -34,7 +35,7 @@ def _poisoned(batch: TrainBatch, value: float = float("nan")) -> TrainBatch:
 
 def _trainer(path: str, **kw) -> PolicyTrainer:
     tok = AutoTokenizer.from_pretrained(path)
-    cfg = TrainerConfig(**{"learning_rate": 1e-3, "bf16": False, "micro_batch_size": 3, **kw})
+    cfg = tiny_trainer(**{"micro_batch_size": 3, **kw})
     return PolicyTrainer(path, tok, cfg, AlgorithmConfig(ppo_epochs=1, mini_batches=1), seed=0)
 
 

@@ -14,23 +14,16 @@ from agentgym.rollout import loop as rollout
 from agentgym.batch import EpisodeBatch
 
 import multiturn_env
+from configs import keyword_env, parse_tiny_config  # tests/ is on sys.path
 
 
 def _cfg(tmp_path, model_cache, algo: dict, *, multi: bool = False, seed: int = 0, **kw):
     env = ({"name": multiturn_env.NAME, "tasks": list(range(4)), "kwargs": {"turns": 3}} if multi else
-           {"name": "keyword", "tasks": list(range(4)), "kwargs": {"target": "aeiou", "mode": "char_share"}})
-    data = {
-        "seed": seed, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [env],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 3, "max_new_tokens": 6},
-        "algorithm": {"mini_batches": 2, **algo},
-        "trainer": {"learning_rate": 5e-3, "bf16": False, "micro_batch_size": 4},
-        "schedule": {"stages": [{"horizon": 3 if multi else 1, "iterations": 2}]},
-        "store": {"root": str(tmp_path / "store")},
-    }
-    for k, v in kw.items():
-        data[k] = {**data.get(k, {}), **v}
-    return parse_config(data)
+           keyword_env(tasks=list(range(4))))
+    return parse_tiny_config(model_cache, store_root=tmp_path / "store", seed=seed, envs=[env],
+                             rollout={"group_size": 3}, algorithm={"mini_batches": 2, **algo},
+                             trainer={"learning_rate": 5e-3, "micro_batch_size": 4},
+                             schedule={"stages": [{"horizon": 3 if multi else 1, "iterations": 2}]}, **kw)
 
 
 def _layout(session: PolicySession, ref: IterationRef):

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from agentgym.config import parse_config
 from agentgym.pipeline import InfraFailure, IterationRef, PolicySession
+from configs import parse_tiny_config  # tests/ is on sys.path
 
 
 def _dead_port() -> int:
@@ -20,20 +20,13 @@ def _dead_port() -> int:
 
 
 def _config(tmp_path, model_cache, store=None, **rollout):
-    return parse_config({
-        "seed": 4, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [
-            {"name": "keyword", "tasks": [0], "kwargs": {"target": "aeiou", "mode": "char_share"}},
-            # an untrained model does not reply "xyzzy...": every reward is 0, a tied group
-            {"name": "keyword", "tasks": [1], "kwargs": {"target": "xyzzy"}},
-            {"name": "http", "tasks": [2], "kwargs": {
-                "base_url": f"http://127.0.0.1:{_dead_port()}", "env_name": "babyai", "retries": 0}},
-        ],
-        "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6, **rollout},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
-        "store": {"root": str(tmp_path / "store"), **(store or {})},
-    })
+    return parse_tiny_config(model_cache, store_root=tmp_path / "store", seed=4, envs=[
+        {"name": "keyword", "tasks": [0], "kwargs": {"target": "aeiou", "mode": "char_share"}},
+        # an untrained model does not reply "xyzzy...": every reward is 0, a tied group
+        {"name": "keyword", "tasks": [1], "kwargs": {"target": "xyzzy"}},
+        {"name": "http", "tasks": [2], "kwargs": {
+            "base_url": f"http://127.0.0.1:{_dead_port()}", "env_name": "babyai", "retries": 0}},
+    ], rollout={"tasks_per_iteration": 3, **rollout}, store=store or {})
 
 
 @pytest.fixture()

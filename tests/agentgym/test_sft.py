@@ -10,7 +10,6 @@ import torch
 
 from agentgym import algorithms as A
 from agentgym.chat import ChatFormatter
-from agentgym.config import parse_config
 from agentgym.models.folders import load_model
 from agentgym.rollout.engines.base import SamplingParams
 from agentgym.rollout.engines.hf import HFEngine
@@ -19,6 +18,8 @@ from agentgym.training.demos import generate_demos
 from env_adapters import make_env
 from env_adapters.babyai import parse_reply
 from env_adapters.experts import make_expert
+
+from configs import DEFAULT, parse_tiny_config  # tests/ is on sys.path
 
 LEVELS = (1, 2, 3, 5)  # GoTo levels the expert always solves
 TRAIN = [lv - 1 + 40 * k for k in range(0, 12) for lv in LEVELS]
@@ -44,14 +45,14 @@ def test_epoch_order_covers_every_demo_once_and_is_seeded():
 
 
 def _config(model_cache, **sft):
-    return parse_config({
-        "seed": 0, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "babyai", "tasks": TRAIN, "eval_tasks": HELDOUT}],
-        "rollout": {"response_prefix": "Action:", "stop": ["\n"], "max_new_tokens": 12},
-        "trainer": {"micro_batch_size": 8, "bf16": False},
-        "sft": {"enabled": True, "episodes": 48, "epochs": 4, "batch_size": 8, "learning_rate": 3e-3, **sft},
-        "schedule": {"stages": [{"horizon": 4, "iterations": 1}]},
-    })
+    # no RL iteration: the rollout's batch shape and the trainer's learning rate stay the library's
+    return parse_tiny_config(
+        model_cache, envs=[{"name": "babyai", "tasks": TRAIN, "eval_tasks": HELDOUT}],
+        rollout={"tasks_per_iteration": DEFAULT, "group_size": DEFAULT, "response_prefix": "Action:", "stop": ["\n"],
+                 "max_new_tokens": 12},
+        trainer={"learning_rate": DEFAULT, "micro_batch_size": 8},
+        sft={"enabled": True, "episodes": 48, "epochs": 4, "batch_size": 8, "learning_rate": 3e-3, **sft},
+        schedule={"stages": [{"horizon": 4, "iterations": 1}]})
 
 
 def _valid_action_rate(engine: HFEngine, fmt: ChatFormatter, tasks: list[int], samples: int) -> float:

@@ -9,12 +9,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from agentgym.config import AlgorithmConfig, TrainerConfig, parse_config
+from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.training.batch import TrainBatch
 from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.batch import EpisodeBatch
 from batches import synthetic_batch  # tests/ is on sys.path
+from configs import keyword_env, parse_tiny_config, tiny_trainer
 from update_compare import OptimizerSteps, assert_same_gradient, assert_step_is_adamw
 
 
@@ -26,7 +27,7 @@ def _batch(vocab: int, n: int = 8, seed: int = 0, returns: bool = False, empty_r
 def _trainer(path, **kw) -> PolicyTrainer:
     algo = kw.pop("algo", {})
     tok = AutoTokenizer.from_pretrained(path)
-    cfg = TrainerConfig(**{"learning_rate": 1e-3, "bf16": False, **kw})
+    cfg = tiny_trainer(**kw)
     return PolicyTrainer(path, tok, cfg, AlgorithmConfig(**algo), seed=0)
 
 
@@ -185,17 +186,12 @@ def test_learning_sanity_reward_goes_up(tmp_path, model_cache, monkeypatch, case
         multiturn_env.install(monkeypatch)
         env, horizon = {"name": multiturn_env.NAME, "tasks": list(range(8)), "kwargs": {"turns": 2}}, 2
     else:
-        env, horizon = {"name": "keyword", "tasks": list(range(8)),
-                        "kwargs": {"target": "aeiou", "mode": "char_share"}}, 1
-    cfg = parse_config({
-        "seed": LEARN_SEED, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [env],
-        "rollout": {"tasks_per_iteration": 4, "group_size": 4, "max_new_tokens": 8},
-        "algorithm": {"ppo_epochs": 2, "mini_batches": 2, **LEARN[case]},
-        "trainer": {"learning_rate": 5e-3, "bf16": False, "micro_batch_size": 8},
-        "schedule": {"stages": [{"horizon": horizon, "iterations": LEARN_ITERS}]},
-        "store": {"root": str(tmp_path / "store")},
-    })
+        env, horizon = keyword_env(tasks=list(range(8))), 1
+    cfg = parse_tiny_config(model_cache, store_root=tmp_path / "store", seed=LEARN_SEED, envs=[env],
+                            rollout={"tasks_per_iteration": 4, "group_size": 4, "max_new_tokens": 8},
+                            algorithm={"ppo_epochs": 2, "mini_batches": 2, **LEARN[case]},
+                            trainer={"learning_rate": 5e-3, "micro_batch_size": 8},
+                            schedule={"stages": [{"horizon": horizon, "iterations": LEARN_ITERS}]})
     session = PolicySession(cfg, f"learn-{case}")
     before = {k: v.clone() for k, v in session.engine.model.state_dict().items()}
     rewards, ev = [], []
@@ -310,15 +306,13 @@ def test_lora_learns_and_merged_weights_generate_like_the_adapters(tmp_path, tin
 
     model = _peaked_tiny(tiny_path, tmp_path / "peaked")
     iters = 30
-    cfg = parse_config({
-        "seed": LEARN_SEED, "model": {"name_or_path": model, "dtype": "float32"},
-        "envs": [{"name": "keyword", "tasks": list(range(8)), "kwargs": {"target": "aeiou", "mode": "char_share"}}],
-        "rollout": {"tasks_per_iteration": 4, "group_size": 4, "max_new_tokens": 8},
-        "algorithm": {"estimator": "grpo", "ppo_epochs": 2, "mini_batches": 2},
-        "trainer": {"learning_rate": 2e-2, "bf16": False, "micro_batch_size": 8, "lora": {"r": 8, "alpha": 16}},
-        "schedule": {"stages": [{"horizon": 1, "iterations": iters}]},
-        "store": {"root": str(tmp_path / "store")},
-    })
+    cfg = parse_tiny_config(
+        None, store_root=tmp_path / "store", seed=LEARN_SEED, model={"name_or_path": model},  # a local folder
+        envs=[keyword_env(tasks=list(range(8)))],
+        rollout={"tasks_per_iteration": 4, "group_size": 4, "max_new_tokens": 8},
+        algorithm={"estimator": "grpo", "ppo_epochs": 2, "mini_batches": 2},
+        trainer={"learning_rate": 2e-2, "micro_batch_size": 8, "lora": {"r": 8, "alpha": 16}},
+        schedule={"stages": [{"horizon": 1, "iterations": iters}]})
     session = PolicySession(cfg, "learn-lora")
     rewards = []
     for step in range(iters):
@@ -450,7 +444,7 @@ def test_export_keeps_the_policy_loadable_and_the_critic_beside_it(tmp_path, tin
     assert {"critic.json", "value_head.safetensors"} <= files
     assert ("model.safetensors" in files) == (mode == "separate")
     # a trainer built on the export starts from the exported policy AND critic
-    again = PolicyTrainer(out, tok, TrainerConfig(learning_rate=1e-3, bf16=False), AlgorithmConfig(**_gae(mode)))
+    again = PolicyTrainer(out, tok, tiny_trainer(), AlgorithmConfig(**_gae(mode)))
     torch.testing.assert_close(again.compute(batch, ["values", "logprobs"]), tr.compute(batch, ["values", "logprobs"]),
                                rtol=0, atol=0)
 

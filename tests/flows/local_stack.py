@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+import configs  # tests/ is on sys.path
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deployments" / "local.sh"
 PREFECT = ROOT / ".venv" / "bin" / "prefect"
@@ -33,19 +35,14 @@ def free_port() -> int:
 
 
 def tiny_config(tmp: Path, model_cache: str, experiment: str, **extra: Any) -> dict[str, Any]:
-    """A config that trains in seconds: the tiny model on the keyword task, one short stage."""
-    cfg = {
-        "seed": 0,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2, 3], "eval_tasks": [10, 11, 12],
-                  "kwargs": {"target": "yes", "mode": "starts_with"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 6, "max_context_tokens": 512},
-        "algorithm": {"skip_tied_groups": False},
-        "trainer": {"learning_rate": 1.0e-3, "micro_batch_size": 4, "bf16": False},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 1}]},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": experiment},
-    }
+    """A config that trains in seconds (tests/configs.py's) on the keyword task with held-out
+    tasks, its store and MLflow under ``tmp``; ``extra`` replaces whole top-level fields."""
+    cfg = configs.tiny_config(
+        model_cache, store_root=tmp / "store", tracking_dir=tmp,
+        envs=[{"name": "keyword", "tasks": [0, 1, 2, 3], "eval_tasks": [10, 11, 12],
+               "kwargs": {"target": "yes", "mode": "starts_with"}}],
+        rollout={"max_context_tokens": 512}, algorithm={"skip_tied_groups": False}, trainer={"micro_batch_size": 4},
+        tracking={"experiment": experiment})
     cfg.update(extra)
     own_artifact_root(cfg["tracking"]["tracking_uri"], experiment, tmp / "mlartifacts")
     return cfg

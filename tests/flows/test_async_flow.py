@@ -19,24 +19,18 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from agentgym.config import parse_config
+from configs import keyword_env, tiny_config  # tests/ is on sys.path
 
 STAGES = [{"horizon": 1, "iterations": 3}, {"horizon": 2, "iterations": 3}]
 
 
 def _cfg(tmp: Path, model_cache: str, run_id: str) -> dict:
-    return {
-        "run_id": run_id, "seed": 2,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "eval_tasks": [7],
-                  "kwargs": {"target": "aeiou", "mode": "char_share"}}],
-        "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6, "async_steps": 1},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "algorithm": {"skip_tied_groups": False, "mini_batches": 1, "ppo_epochs": 1},  # approx_kl: before any step
-        "schedule": {"stages": STAGES},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": run_id,
-                     "eval_every": 2, "eval_k": 1},
-    }
+    return tiny_config(
+        model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id=run_id, seed=2,
+        envs=[keyword_env(eval_tasks=[7])],
+        rollout={"tasks_per_iteration": 3, "async_steps": 1},
+        algorithm={"skip_tied_groups": False, "mini_batches": 1, "ppo_epochs": 1},  # approx_kl: before any step
+        schedule={"stages": STAGES}, tracking={"experiment": run_id, "eval_every": 2, "eval_k": 1})
 
 
 @pytest.fixture(scope="module")

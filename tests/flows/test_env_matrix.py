@@ -4,8 +4,8 @@ and a mixed-environment batch trains."""
 import pytest
 import torch
 
-from agentgym.config import parse_config
 from agentgym.pipeline import IterationRef, PolicySession
+from configs import parse_tiny_config  # tests/ is on sys.path
 
 ENVS = {
     "babyai": [0, 1, 2],
@@ -18,18 +18,13 @@ ENVS = {
 
 
 def _session(tmp_path, model_cache, envs, run):
-    cfg = parse_config({
-        "seed": 0, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": envs,
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 12,
-                    "response_prefix": "Action:", "max_context_tokens": 4096},
+    cfg = parse_tiny_config(
+        model_cache, store_root=tmp_path / "store", envs=envs,
+        rollout={"max_new_tokens": 12, "response_prefix": "Action:", "max_context_tokens": 4096},
         # an entropy bonus: a gradient even when every reward ties (a random model scores 0 on
         # most environments), so the update visibly trains on the environment's tokens
-        "algorithm": {"skip_tied_groups": False, "entropy_coef": 0.01},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "schedule": {"stages": [{"horizon": 2, "iterations": 1}]},
-        "store": {"root": str(tmp_path / "store")},
-    })
+        algorithm={"skip_tied_groups": False, "entropy_coef": 0.01},
+        schedule={"stages": [{"horizon": 2, "iterations": 1}]})
     return PolicySession(cfg, run)
 
 

@@ -4,23 +4,20 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect import flow
 
-from agentgym.config import parse_config
 from agentgym.registry.champion import ModelRegistry
 from agentgym.tracking.tracker import TAG_KIND, Tracker
+from configs import DEFAULT, parse_tiny_config  # tests/ is on sys.path
 from local_stack import own_artifact_root
 
 
 def _config(tmp, cache):
-    return parse_config({
-        "seed": 1,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": cache},
-        "envs": [{"name": "keyword", "tasks": [0], "eval_tasks": [5, 6, 7], "kwargs": {"target": "yes"}},
-                 {"name": "babyai", "tasks": [0], "eval_tasks": [0, 12]}],
-        "rollout": {"max_new_tokens": 6, "max_context_tokens": 2048},
-        "schedule": {"stages": [{"horizon": 2, "iterations": 1}]},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "eval-test"},
-    })
+    # evaluation only: the library's rollout batch shape and trainer
+    return parse_tiny_config(
+        cache, store_root=tmp / "store", tracking_dir=tmp, seed=1,
+        envs=[{"name": "keyword", "tasks": [0], "eval_tasks": [5, 6, 7], "kwargs": {"target": "yes"}},
+              {"name": "babyai", "tasks": [0], "eval_tasks": [0, 12]}],
+        rollout={"tasks_per_iteration": DEFAULT, "group_size": DEFAULT, "max_context_tokens": 2048},
+        trainer=DEFAULT, schedule={"stages": [{"horizon": 2, "iterations": 1}]}, tracking={"experiment": "eval-test"})
 
 
 @pytest.fixture(scope="module")

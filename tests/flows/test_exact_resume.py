@@ -5,24 +5,18 @@ restarts and the weights differ (which shows the test can tell)."""
 import pytest
 import torch
 
-from agentgym.config import parse_config
 from agentgym.tracking.tracker import Tracker
+from configs import keyword_env, parse_tiny_config  # tests/ is on sys.path
 from tasks.rl import collect_rollouts, compute_advantages, restore_policy, save_checkpoint, update_policy
 from tasks.runtime import drop_session, get_session
 
 
 def _cfg(tmp_path, model_cache, keep_state: bool):
-    return parse_config({
-        "seed": 5, "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2, 3], "kwargs": {"target": "aeiou", "mode": "char_share"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 3, "max_new_tokens": 6},
-        "algorithm": {"ppo_epochs": 2},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 3}]},
-        "store": {"root": str(tmp_path / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "exact",
-                     "checkpoint_trainer_state": keep_state},
-    })
+    return parse_tiny_config(
+        model_cache, store_root=tmp_path / "store", tracking_dir=tmp_path, seed=5,
+        envs=[keyword_env(tasks=[0, 1, 2, 3])], rollout={"group_size": 3}, algorithm={"ppo_epochs": 2},
+        schedule={"stages": [{"horizon": 1, "iterations": 3}]},
+        tracking={"experiment": "exact", "checkpoint_trainer_state": keep_state})
 
 
 def _iteration(cfg, run_id, gs):

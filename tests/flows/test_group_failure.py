@@ -15,21 +15,16 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from configs import tiny_config  # tests/ is on sys.path
+
 RUN_ID = "group-failure"
 
 
 def _config(tmp: Path, model_cache: str) -> Path:
-    cfg = {
-        "run_id": RUN_ID, "seed": 2,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "aeiou", "mode": "char_share"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 6},
-        "trainer": {"learning_rate": 1e-3, "bf16": False, "world_size": 2},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 2, "iterations": 2}]},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "group-failure",
-                     "checkpoint_every": 1},
-    }
+    cfg = tiny_config(model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id=RUN_ID, seed=2,
+                      trainer={"world_size": 2},
+                      schedule={"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 2, "iterations": 2}]},
+                      tracking={"experiment": "group-failure", "checkpoint_every": 1})
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -16,24 +16,18 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from configs import keyword_env, tiny_config  # tests/ is on sys.path
+
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = [{"horizon": 1, "iterations": 2}, {"horizon": 2, "iterations": 4}, {"horizon": 3, "iterations": 1}]
 
 
 def _config(tmp: Path, model_cache: str) -> Path:
-    cfg = {
-        "run_id": "resume-test", "seed": 3,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "eval_tasks": [7],
-                  "kwargs": {"target": "aeiou", "mode": "char_share"}},
-                 {"name": "keyword", "tasks": [3, 4], "kwargs": {"target": "yes"}}],
-        "rollout": {"tasks_per_iteration": 3, "group_size": 2, "max_new_tokens": 6},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "schedule": {"stages": STAGES},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "resume", "checkpoint_every": 1,
-                     "eval_every": 2, "eval_k": 1},
-    }
+    cfg = tiny_config(
+        model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id="resume-test", seed=3,
+        envs=[keyword_env(eval_tasks=[7]), {"name": "keyword", "tasks": [3, 4], "kwargs": {"target": "yes"}}],
+        rollout={"tasks_per_iteration": 3}, schedule={"stages": STAGES},
+        tracking={"experiment": "resume", "checkpoint_every": 1, "eval_every": 2, "eval_k": 1})
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -10,8 +10,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import outage_env  # tests/flows is on sys.path
-from agentgym.config import TrackingConfig, parse_config
+from agentgym.config import TrackingConfig
 from agentgym.tracking.tracker import ArtifactStoreError, Tracker
+from configs import parse_tiny_config  # tests/ is on sys.path
 
 
 @pytest.fixture
@@ -33,17 +34,12 @@ def test_resume_from_an_s3_checkpoint_and_register_the_model(tmp_path, model_cac
     from flows.train import scaling_inter_rl
 
     s3 = s3_env
-    cfg = parse_config({
-        "run_id": "s3-run", "seed": 0,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "outage_env:OutageKeywordEnv", "tasks": [0, 1, 2, 3], "kwargs": {"target": "yes"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 4},
-        "algorithm": {"skip_tied_groups": False},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 1}, {"horizon": 1, "iterations": 1}]},
-        "store": {"root": str(tmp_path / "store")},
-        "tracking": _tracking(tmp_path, s3, registered_model_name="s3-policy"),
-    })
+    cfg = parse_tiny_config(
+        model_cache, store_root=tmp_path / "store", run_id="s3-run",
+        envs=[{"name": "outage_env:OutageKeywordEnv", "tasks": [0, 1, 2, 3], "kwargs": {"target": "yes"}}],
+        rollout={"max_new_tokens": 4}, algorithm={"skip_tied_groups": False},
+        schedule={"stages": [{"horizon": 1, "iterations": 1}, {"horizon": 1, "iterations": 1}]},
+        tracking=_tracking(tmp_path, s3, registered_model_name="s3-policy"))
     # first attempt: stage 0 (4 episodes) checkpoints to S3, then the environment goes down
     outage_env.reset_counter()
     monkeypatch.setenv("AGENTGYM_TEST_OUTAGE_AFTER", "4")

@@ -15,25 +15,24 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from configs import DEFAULT, tiny_config  # tests/ is on sys.path
+
 RUN = "sft-resume-test"
 EPOCHS, EPISODES, BATCH = 3, 48, 4
 
 
 def _config(tmp: Path, model_cache: str) -> Path:
-    cfg = {
-        "run_id": RUN, "seed": 0,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "babyai", "tasks": [0, 1, 2, 4, 40, 41, 42, 44], "eval_tasks": [8000, 8001, 8002]}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 10, "response_prefix": "Action:",
-                    "stop": ["\n"], "temperature": 0.3, "max_draws": 2},
-        "trainer": {"learning_rate": 1e-4, "micro_batch_size": 4},
-        "sft": {"enabled": True, "episodes": EPISODES, "heldout_episodes": 4, "epochs": EPOCHS,
-                "batch_size": BATCH, "learning_rate": 3e-3},
-        "heldout": {"enabled": True, "horizon": 3, "random_seeds": 2},
-        "schedule": {"stages": [{"horizon": 2, "iterations": 1}, {"horizon": 3, "iterations": 1}]},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "sft-resume"},
-    }
+    cfg = tiny_config(
+        model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id=RUN,
+        envs=[{"name": "babyai", "tasks": [0, 1, 2, 4, 40, 41, 42, 44], "eval_tasks": [8000, 8001, 8002]}],
+        rollout={"max_new_tokens": 10, "response_prefix": "Action:", "stop": ["\n"], "temperature": 0.3,
+                 "max_draws": 2},
+        trainer={"learning_rate": 1e-4, "micro_batch_size": 4, "bf16": DEFAULT},
+        sft={"enabled": True, "episodes": EPISODES, "heldout_episodes": 4, "epochs": EPOCHS, "batch_size": BATCH,
+             "learning_rate": 3e-3},
+        heldout={"enabled": True, "horizon": 3, "random_seeds": 2},
+        schedule={"stages": [{"horizon": 2, "iterations": 1}, {"horizon": 3, "iterations": 1}]},
+        tracking={"experiment": "sft-resume"})
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.config import parse_config
+from configs import keyword_env, parse_tiny_config  # tests/ is on sys.path
 
 TURN_COLUMNS = {"episode_id", "turn", "observation", "action_text", "parsed_action", "reward",
                 "terminated", "truncated", "format_error", "gen_tokens", "env_latency_ms"}
@@ -23,23 +24,16 @@ def run(tmp_path_factory, model_cache):
     from flows.train import scaling_inter_rl
 
     tmp = tmp_path_factory.mktemp("flow")
-    cfg = parse_config({
-        "run_id": "flow-test", "seed": 1,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
+    cfg = parse_tiny_config(
+        model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id="flow-test", seed=1,
         # a dense single-turn reward (so updates move weights) mixed with a multi-turn task
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "eval_tasks": [7, 8],
-                  "kwargs": {"target": "aeiou", "mode": "char_share"}},
-                 {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "yes"}}],
-        "rollout": {"tasks_per_iteration": 4, "group_size": 2, "max_new_tokens": 6},
+        envs=[keyword_env(eval_tasks=[7, 8]), {"name": "keyword", "tasks": [3, 4, 5], "kwargs": {"target": "yes"}}],
+        rollout={"tasks_per_iteration": 4},
         # a warmup + cosine schedule over the run's 8 optimizer steps, so the lr test can see it move
-        "trainer": {"learning_rate": 1e-3, "bf16": False, "lr_schedule": "cosine", "lr_warmup_steps": 3,
-                    "lr_decay_steps": 7, "lr_min_ratio": 0.1},
-        "algorithm": {"skip_tied_groups": False, "mini_batches": 2},  # updates on a zero-reward task too
-        "schedule": {"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 3, "iterations": 2}]},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "flow-test",
-                     "eval_every": 2, "eval_k": 2, "registered_model_name": "flow-test-policy"},
-    })
+        trainer={"lr_schedule": "cosine", "lr_warmup_steps": 3, "lr_decay_steps": 7, "lr_min_ratio": 0.1},
+        algorithm={"skip_tied_groups": False, "mini_batches": 2},  # updates on a zero-reward task too
+        schedule={"stages": [{"horizon": 1, "iterations": 2}, {"horizon": 3, "iterations": 2}]},
+        tracking={"experiment": "flow-test", "eval_every": 2, "eval_k": 2, "registered_model_name": "flow-test-policy"})
     state = scaling_inter_rl(cfg, return_state=True)
     return cfg, state.result(), state.state_details.flow_run_id, tmp
 

@@ -8,7 +8,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM
 
-from agentgym.config import parse_config
+from configs import parse_tiny_config  # tests/ is on sys.path
 
 CRITIC_METRICS = ("vf_loss", "vf_clipfrac", "explained_variance", "value_mean", "return_mean",
                   "critic_grad_norm", "old_logprob_abs_diff", "policy_loss", "entropy", "clipfrac_low",
@@ -19,18 +19,11 @@ CRITIC_METRICS = ("vf_loss", "vf_clipfrac", "explained_variance", "value_mean", 
 def test_gae_flow_logs_critic_metrics_and_checkpoints_the_critic(tmp_path, model_cache):
     from flows.train import scaling_inter_rl
 
-    cfg = parse_config({
-        "run_id": "flow-gae", "seed": 1,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2], "kwargs": {"target": "aeiou", "mode": "char_share"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 6},
-        "trainer": {"learning_rate": 1e-3, "bf16": False},
-        "algorithm": {"estimator": "gae", "lam": 0.95, "critic": {"model": "separate", "learning_rate": 1e-3},
-                      "recompute_old_logprobs": True},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 2}]},
-        "store": {"root": str(tmp_path / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "flow-gae"},
-    })
+    cfg = parse_tiny_config(
+        model_cache, store_root=tmp_path / "store", tracking_dir=tmp_path, run_id="flow-gae", seed=1,
+        algorithm={"estimator": "gae", "lam": 0.95, "critic": {"model": "separate", "learning_rate": 1e-3},
+                   "recompute_old_logprobs": True},
+        schedule={"stages": [{"horizon": 1, "iterations": 2}]}, tracking={"experiment": "flow-gae"})
     result = scaling_inter_rl(cfg)
     client = MlflowClient(cfg.tracking.tracking_uri)
     for key in CRITIC_METRICS:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from agentgym.tracking.tracker import Tracker
+from configs import tiny_config  # tests/ is on sys.path
 from diskfull import fill, tmpfs
 
 pytestmark = pytest.mark.timeout(900)  # a hang guard: two CLI runs on a loaded 2-core machine
@@ -79,17 +80,11 @@ def _session_prefect_db() -> Path | None:
 @pytest.mark.slow  # two `agentgym train` processes: 133-227 s at load 4-8 (nice 19)
 def test_a_full_prefect_database_fails_clearly_and_a_rerun_resumes(mlflow_dir, model_cache, tiny_path):
     tmp = mlflow_dir  # holds a ready mlflow.db: the CLI does not spend ~10 s making its tables
-    cfg = {
-        "run_id": RUN, "seed": 0,
-        "model": {"name_or_path": "tiny", "dtype": "float32", "cache_dir": model_cache},
-        "envs": [{"name": "keyword", "tasks": [0, 1, 2, 3], "kwargs": {"target": "yes", "mode": "starts_with"}}],
-        "rollout": {"tasks_per_iteration": 2, "group_size": 2, "max_new_tokens": 6, "max_context_tokens": 512},
-        "algorithm": {"skip_tied_groups": False},
-        "trainer": {"learning_rate": 1e-3, "micro_batch_size": 4, "bf16": False},
-        "schedule": {"stages": [{"horizon": 1, "iterations": 2}]},
-        "store": {"root": str(tmp / "store")},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "pfull", "checkpoint_every": 1},
-    }
+    cfg = tiny_config(
+        model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id=RUN,
+        envs=[{"name": "keyword", "tasks": [0, 1, 2, 3], "kwargs": {"target": "yes", "mode": "starts_with"}}],
+        rollout={"max_context_tokens": 512}, algorithm={"skip_tied_groups": False}, trainer={"micro_batch_size": 4},
+        schedule={"stages": [{"horizon": 1, "iterations": 2}]}, tracking={"experiment": "pfull", "checkpoint_every": 1})
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     first_commit = tmp / "store" / RUN / "_commits" / "episodes" / "0-0.json"
