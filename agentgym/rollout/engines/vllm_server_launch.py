@@ -32,7 +32,9 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+import agentgym
+
+REPO = Path(agentgym.__file__).resolve().parents[1]  # the folder holding the agentgym package
 
 
 def vllm_python() -> str:

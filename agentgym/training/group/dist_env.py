@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+import agentgym
 from agentgym.patches.deepspeed import skip_shm_comm_build
 
 # Set by a launcher for its ranks; the driver's own one-rank group must not leak them into children.
@@ -53,7 +54,7 @@ def rank_env(threads_per_rank: int, extra: dict[str, str] | None = None) -> dict
     """The environment for a launcher and its ranks: this package importable, the cores split
     between ranks, and none of this process's own rank variables."""
     env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parent.parent)
+    pkg_root = str(Path(agentgym.__file__).resolve().parents[1])  # the folder holding the agentgym package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = str(threads_per_rank)
     env["AGENTGYM_THREADS"] = str(threads_per_rank)
