@@ -34,7 +34,7 @@ Conventions (documented where used)
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -666,21 +666,30 @@ def compute_advantages(
             "so each is compared with its group); pass group_ids=..., or use estimator='reinforce_pp' "
             "which needs no groups"
         )
-    if est is Estimator.GRPO:
-        return grpo_advantages(token_rewards, loss_mask, group_ids, norm_by_std=norm_by_std)
-    if est is Estimator.RLOO:
-        return rloo_advantages(token_rewards, loss_mask, group_ids)
-    if est is Estimator.REINFORCE_PP:
-        return reinforce_pp_advantages(token_rewards, loss_mask, gamma=gamma)
-    if values is None:
+    if est is Estimator.GAE and values is None:
         raise ValueError(
             "estimator 'gae' needs values=(B,T) critic values at every token; compute them with the "
             "critic, or pick a critic-free estimator ('grpo', 'rloo', 'reinforce_pp')"
         )
+    return ESTIMATORS[est](token_rewards, loss_mask, group_ids, values=values, gamma=gamma, lam=lam,
+                           norm_by_std=norm_by_std, whiten_gae=whiten_gae)
+
+
+def _gae_whitened(token_rewards: Tensor, loss_mask: Tensor, values: Tensor, *, gamma: float, lam: float,
+                  whiten: bool) -> tuple[Tensor, Tensor]:
     adv, ret = gae_advantages(token_rewards, values, loss_mask, gamma=gamma, lam=lam)
-    if whiten_gae:
-        adv = masked_whiten(adv, loss_mask)
-    return adv, ret
+    return (masked_whiten(adv, loss_mask) if whiten else adv), ret
+
+
+#: ``compute_advantages``' table: each estimator over the common arguments
+#: ``(token_rewards, loss_mask, group_ids, *, values, gamma, lam, norm_by_std, whiten_gae)``
+ESTIMATORS: dict[Estimator, Callable[..., tuple[Tensor, Tensor]]] = {
+    Estimator.GRPO: lambda r, m, g, *, norm_by_std, **_: grpo_advantages(r, m, g, norm_by_std=norm_by_std),
+    Estimator.RLOO: lambda r, m, g, **_: rloo_advantages(r, m, g),
+    Estimator.REINFORCE_PP: lambda r, m, g, *, gamma, **_: reinforce_pp_advantages(r, m, gamma=gamma),
+    Estimator.GAE: lambda r, m, g, *, values, gamma, lam, whiten_gae, **_: _gae_whitened(
+        r, m, values, gamma=gamma, lam=lam, whiten=whiten_gae),
+}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1101,3 +1101,10 @@ def test_state_baseline_errors_say_how_to_fix():
         turn_credit_advantages("reinforce_pp", r, k, m, groups, baseline="state", state_ids=torch.zeros_like(k))
     with pytest.raises(ValueError, match="needs state_ids"):
         turn_credit_advantages("grpo", r, k, m, groups, baseline="state")
+
+
+def test_every_estimator_has_its_function_in_the_table():
+    from agentgym.algorithms import ESTIMATORS
+    from agentgym.config import Estimator
+
+    assert set(ESTIMATORS) == set(Estimator)
