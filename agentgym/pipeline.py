@@ -438,11 +438,13 @@ class PolicySession:
         flags = tied_episodes(scored, algo.invalid_action_penalty)
         tied = {e.episode_id for e, t in zip(scored, flags) if t}
         group_estimator = algo.estimator in (Estimator.GRPO, Estimator.RLOO)
-        adv = adv[[not episodes[i].infra_error for i in adv["episode_id"]]]
-        batch = EpisodeBatch.from_episodes(episodes[i] for i in adv["episode_id"]).with_columns(
-            advantages=[list(a) for a in adv["advantages"]])
+        scored_rows = [] if adv.empty else [  # the advantages table's rows, in its order
+            (i, a, r) for i, a, r in zip(adv["episode_id"], adv["advantages"], adv["returns"])
+            if not episodes[i].infra_error]
+        batch = EpisodeBatch.from_episodes(episodes[i] for i, _, _ in scored_rows).with_columns(
+            advantages=[list(a) for _, a, _ in scored_rows])
         if critic:
-            batch = batch.with_columns(returns=[list(r) for r in adv["returns"]])
+            batch = batch.with_columns(returns=[list(r) for _, _, r in scored_rows])
             if old_values and all(i in old_values for i in batch["episode_id"]):
                 batch = batch.with_columns(old_values=[old_values[i] for i in batch["episode_id"]])
             # else the trainer computes them before its first step
