@@ -29,6 +29,7 @@ from agentgym.models.folders import resolve_model
 from agentgym.rollout.engines import engine_for
 from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes
 from agentgym.store.trajectory_store import TrajectoryStore
+from agentgym.training.batch import TrainBatch
 from agentgym.training.protocol import Trainer, create_trainer
 from agentgym.training.value_head import CRITIC_DIR
 from agentgym.types import Episode, Turn
@@ -308,7 +309,7 @@ class PolicySession:
             need.append("ref_logprobs")
             if algo.recompute_old_logprobs:  # the update recomputes them the same way (same policy)
                 need.append("logprobs")
-        computed = self._compute(batch, need) if need else {}
+        computed = self._compute(batch, padded, need) if need else {}
         penalty = torch.zeros_like(mask)
         if algo.kl_in_reward:
             old_lp = computed.get("logprobs", padded.old_logprobs)
@@ -366,15 +367,15 @@ class PolicySession:
         return A.compute_advantages(algo.estimator, token_rewards, mask, groups, values=values, gamma=algo.gamma,
                                     lam=algo.lam, norm_by_std=algo.norm_adv_by_std)
 
-    def _compute(self, batch: EpisodeBatch, need: list[str]) -> dict[str, torch.Tensor]:
+    def _compute(self, batch: EpisodeBatch, padded: TrainBatch, need: list[str]) -> dict[str, torch.Tensor]:
         """The trainer's per-token ``need`` (values, log-probs), (B, T) in the episode layout of
-        ``batch``: an episode with several context segments is computed one segment per row, as
-        it is trained."""
+        ``batch`` (``padded``: its tensors): an episode with several context segments is computed
+        one segment per row, as it is trained."""
+        if not any(batch.columns.get("context_starts") or ()):
+            return self.trainer.compute(padded, need)
         segments, spans = batch.segments()
         got = self.trainer.compute(segments.padded(self._pad_id()), need)
-        shape = (len(batch), max(len(x) for x in batch["input_ids"]))
-        if len(segments) == len(batch) and all(a == 0 and b == len(x) for (_, a, b), x in zip(spans, batch["input_ids"])):
-            return got  # no episode was cut: the segment rows are the episodes
+        shape = (padded.input_ids.shape[0], padded.input_ids.shape[1])
         return {k: merge_segments(v, spans, shape) for k, v in got.items()}
 
     def _pad_id(self) -> int:

@@ -190,7 +190,7 @@ def test_the_advantage_step_computes_on_segments(tmp_path, model_cache):
         assert any(e.context_starts for e in episodes)  # read back from the store
         episode_batch = EpisodeBatch.from_episodes(episodes)
         batch = episode_batch.padded(session._pad_id())
-        got = session._compute(episode_batch, ["logprobs"])["logprobs"]
+        got = session._compute(episode_batch, batch, ["logprobs"])["logprobs"]
         mask = batch.loss_mask.bool()
         torch.testing.assert_close(got[mask], batch.old_logprobs[mask], atol=2e-4, rtol=0)
     finally:
