@@ -274,6 +274,8 @@ class TrajectoryStore:
         """Commit one update's batch as the train_batch table, exactly (rows in batch order, the
         episode layout; absent optional columns are stored as empty lists); idempotent like the
         others."""
+        if "advantages" not in batch:
+            raise ValueError("write_train_batch: the batch has no advantages column; the update trains on advantages")
         stage, iteration = int(stage), int(iteration)
         cols = {
             "run_id": [self.run_id] * len(batch),
@@ -282,8 +284,6 @@ class TrajectoryStore:
             **{c: [as_list(v) for v in batch[c]] if c in batch else [[] for _ in range(len(batch))]
                for c in ("advantages", "returns", "old_values", "context_starts")},
         }
-        if "advantages" not in batch:
-            raise ValueError("write_train_batch: the batch has no advantages column; the update trains on advantages")
         return self._commit_single("train_batch", stage, iteration, self._to_table("train_batch", cols))
 
     def read_train_batch(self, stage: int, iteration: int) -> EpisodeBatch:
