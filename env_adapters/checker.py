@@ -178,19 +178,48 @@ def _check_garbage(env: TextEnv, task_id: int, rng: random.Random) -> None:
         f"task {task_id}: a well-formed reply after garbage was a format error: {r.info}")
 
 
-def _resources() -> tuple[int, int, int]:
+def _resources() -> dict[str, set[str]]:
+    """What this process holds now: its threads, its child processes and its open file
+    descriptors, each named (``ident name``, ``pid command``, ``fd -> target``)."""
     gc.collect()
+    held: dict[str, set[str]] = {
+        "threads": {f"{t.ident} {t.name}" for t in threading.enumerate()},
+        "child processes": set(), "file descriptors": set()}
     try:
-        fds = len(os.listdir("/proc/self/fd"))
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held["file descriptors"].add(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+            except OSError:  # the listing's own descriptor, closed since
+                pass
     except OSError:  # not Linux
-        fds = 0
+        pass
     try:
         import psutil
 
-        children = len(psutil.Process().children(recursive=True))
+        for child in psutil.Process().children(recursive=True):
+            try:
+                held["child processes"].add(f"{child.pid} {child.name()}")
+            except psutil.Error:  # gone since the listing
+                pass
     except Exception:  # noqa: BLE001 - psutil is optional
-        children = 0
-    return threading.active_count(), children, fds
+        pass
+    return held
+
+
+def _left_behind(before: dict[str, set[str]], timeout_s: float = 10.0) -> dict[str, set[str]]:
+    """What the process holds now and did not hold at ``before`` (empty: nothing).
+
+    The snapshot is process-wide, so a thread, process or socket that some other part of the
+    process (a test run earlier, a library's background worker) opens or closes meanwhile also
+    moves it: the check looks again for up to ``timeout_s`` before it calls anything a leak, and
+    names what is left so that a failure says whose it is."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = _resources()
+        new = {kind: now[kind] - before[kind] for kind in now}
+        if not any(new.values()) or time.monotonic() >= deadline:
+            return {kind: items for kind, items in new.items() if items}
+        time.sleep(0.5)
 
 
 def check_env(
@@ -223,10 +252,9 @@ def check_env(
     _run(env, task_ids[0], 0, min(horizon, 2), 0, truncate_at)
     env.close()
     env.close()  # idempotent
-    after = _resources() if check_resources else before
-    assert after[0] <= before[0], f"close() left threads behind: {before[0]} -> {after[0]}"
-    assert after[1] <= before[1], f"close() left child processes: {before[1]} -> {after[1]}"
-    assert after[2] <= before[2], f"close() left file descriptors open: {before[2]} -> {after[2]}"
+    leaked = _left_behind(before) if check_resources else {}
+    assert not leaked, "close() left behind " + "; ".join(
+        f"{kind}: {sorted(items)}" for kind, items in leaked.items())
 
     a, b = make(), make()
     try:

@@ -56,6 +56,18 @@ OWN_ADAPTERS = textwrap.dedent('''
         def step(self, action_text):
             r = super().step(action_text)
             return StepResult(r.observation, int(r.reward), r.terminated, r.truncated, r.info)
+
+    import threading
+
+    class LeaksAThread(Good):
+        name = "leaks"
+
+        def reset(self, task_id, seed=0):
+            # a worker per episode that close() never stops (Event never set)
+            self._stop = threading.Event()
+            threading.Thread(target=self._stop.wait, name=f"episode-worker-{task_id}",
+                             daemon=True).start()
+            return super().reset(task_id, seed)
 ''')
 
 
@@ -76,6 +88,7 @@ def test_env_check_passes_a_good_adapter_by_import_path(own_module):
     ("RaisesOnGarbage", "ValueError"),  # a malformed reply must be a format error, never raise
     ("EncodesReply", "UnicodeEncodeError"),  # invalid UTF-8 decoded with surrogateescape
     ("IntReward", "reward must be a float"),
+    ("LeaksAThread", "episode-worker-0"),  # close() left a thread behind: named
 ])
 def test_env_check_names_the_violation(own_module, cls, violation):
     out = CliRunner().invoke(app, ["env", "check", f"{own_module}:{cls}"])
