@@ -12,10 +12,15 @@ learning curves, run inspection), ``infra`` (disk, temp folders, heap, progress)
 """
 
 import sys as _sys
+from pathlib import Path as _Path
 
 from agentgym._moved import MovedModuleFinder as _MovedModuleFinder
 
 __version__ = "0.1.0"
+
+#: the folder holding this package (and env_adapters/): what a child process started from here
+#: (a vLLM server, a rank group) puts on its PYTHONPATH
+PACKAGE_ROOT = _Path(__file__).resolve().parents[1]
 
 if not any(isinstance(f, _MovedModuleFinder) for f in _sys.meta_path):
     _sys.meta_path.append(_MovedModuleFinder())

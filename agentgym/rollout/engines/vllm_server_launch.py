@@ -34,7 +34,7 @@ import httpx
 
 import agentgym
 
-REPO = Path(agentgym.__file__).resolve().parents[1]  # the folder holding the agentgym package
+REPO = agentgym.PACKAGE_ROOT
 
 
 def vllm_python() -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 import torch
 
@@ -54,7 +53,7 @@ def rank_env(threads_per_rank: int, extra: dict[str, str] | None = None) -> dict
     """The environment for a launcher and its ranks: this package importable, the cores split
     between ranks, and none of this process's own rank variables."""
     env = dict(os.environ)
-    pkg_root = str(Path(agentgym.__file__).resolve().parents[1])  # the folder holding the agentgym package
+    pkg_root = str(agentgym.PACKAGE_ROOT)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = str(threads_per_rank)
     env["AGENTGYM_THREADS"] = str(threads_per_rank)
