@@ -713,6 +713,10 @@ class SFTConfig(_Strict):
         "held-out cross-entropy (sft/heldout_loss) before and after the stage. 0: none.")
     horizon: int = Field(20, ge=1, description="Turn limit of an expert episode.")
     noise: float = Field(
+    attempts_per_episode: int = Field(
+        4, ge=1, description="Expert attempts allowed per demonstration wanted (episodes and "
+        "heldout_episodes each): generation stops with an error after attempts_per_episode x wanted "
+        "attempts. Raise it for tasks the scripted expert often fails.")
         0.0, ge=0, lt=1,
         description="Probability that a turn of a demonstration is a random valid action instead of "
         "the expert's (kept as context, not trained on): the policy then sees off-track states and "

@@ -60,13 +60,14 @@ def generate_demonstrations(config: PipelineConfig) -> dict[str, Any]:
         episodes, stats = generate_demos(
             formatter, envs, episodes=wanted, horizon=s.horizon, stop=list(config.rollout.stop),
             system_prompt=config.system_prompt, noise=s.noise, seed=s.seed + part * 7_919,
+            max_attempts=s.attempts_per_episode * wanted,
             make_env=make_env, make_expert=make_expert, on_episode=on_episode,
         )
         if len(episodes) < wanted:
             raise RuntimeError(
                 f"the scripted experts solved only {len(episodes)} of {stats.attempted} {name} attempts "
                 f"({wanted} wanted); list easier tasks in envs[].tasks (or eval_tasks), raise "
-                "sft.horizon, or lower sft.episodes")
+                "sft.horizon or sft.attempts_per_episode, or lower sft.episodes")
         manifest = store.write_episodes(episodes, stage=0, iteration=part, global_step=0,
                                         policy_version=EXPERT_POLICY_VERSION)
         out[name] = {"rows": manifest.rows, "digest": manifest.digest, "reused": False,

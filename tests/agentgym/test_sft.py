@@ -121,3 +121,24 @@ def test_train_layers_freezes_everything_below(tiny_path, model_cache):
     top = max(int(k.split("layers.")[1].split(".")[0]) for k in before if "layers." in k)
     assert changed and all(f"layers.{top}." in k or k.endswith("norm.weight") and "layers" not in k for k in changed)
     assert not any("embed" in k for k in changed)
+
+
+def test_demonstrations_stop_after_attempts_per_episode_and_say_how_to_get_more(model_cache, tmp_path,
+                                                                                 monkeypatch):
+    """sft.attempts_per_episode bounds the expert's attempts (x the demonstrations wanted); too few
+    successes is an error naming the settings that would give more."""
+    import tasks.sft as T
+    from agentgym.training.demos import DemoStats
+
+    seen: list[int] = []
+
+    def expert_fails_all(*args, episodes, max_attempts, **kwargs):
+        seen.append(max_attempts)
+        return [], DemoStats(attempted=max_attempts)
+
+    monkeypatch.setattr(T, "generate_demos", expert_fails_all)
+    cfg = _config(model_cache, episodes=2, heldout_episodes=0, attempts_per_episode=3)
+    cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"root": str(tmp_path / "store")})})
+    with pytest.raises(RuntimeError, match=r"solved only 0 of 6 train attempts") as err:
+        T.generate_demonstrations.fn(cfg)
+    assert seen == [6] and "sft.attempts_per_episode" in str(err.value)
