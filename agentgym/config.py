@@ -250,15 +250,16 @@ class RolloutConfig(_Strict):
         "1.0: never fail (the unscored episodes are just left out).",
     )
     async_steps: int = Field(
-        0, ge=0, le=1,
-        description="Asynchronous RL (one-step off-policy, as verl's recipe): 1 starts the next "
-        "iteration's rollout, with the weights of the last weight sync, while this iteration's "
-        "advantages and update run, so each update trains on episodes sampled by the policy one "
-        "update older; the PPO ratio is taken against the sampler's stored log-probs, which keeps "
-        "the clipped objective correct off-policy. Weights are synced between rollouts, never "
-        "inside one; a stage's first iteration is synchronous (no rollout at a new horizon before "
-        "its stage). 0: synchronous. Larger values are refused: the engine plays one rollout at a "
-        "time, so one rollout ahead already keeps it busy through the update.",
+        0, ge=0, le=8,
+        description="Asynchronous RL with bounded staleness k (one-step off-policy as verl's recipe "
+        "at k = 1): the rollouts of the next k iterations play, one after another on the engine, "
+        "while this iteration's advantages and update run, each with the weights synced at its "
+        "start, so an update trains on episodes sampled by a policy at most k updates older; the "
+        "PPO ratio is taken against the sampler's stored log-probs, which keeps the clipped "
+        "objective correct off-policy. Weights are synced between rollouts, never inside one: a "
+        "rollout that would start more than k updates behind waits for the update in progress. "
+        "A stage's first iteration is synchronous (no rollout at a new horizon before its stage). "
+        "0: synchronous.",
     )
 
     @model_validator(mode="after")
@@ -712,11 +713,11 @@ class SFTConfig(_Strict):
         16, ge=0, description="Expert demonstrations on the eval_tasks, never trained on: the "
         "held-out cross-entropy (sft/heldout_loss) before and after the stage. 0: none.")
     horizon: int = Field(20, ge=1, description="Turn limit of an expert episode.")
-    noise: float = Field(
     attempts_per_episode: int = Field(
         4, ge=1, description="Expert attempts allowed per demonstration wanted (episodes and "
         "heldout_episodes each): generation stops with an error after attempts_per_episode x wanted "
         "attempts. Raise it for tasks the scripted expert often fails.")
+    noise: float = Field(
         0.0, ge=0, lt=1,
         description="Probability that a turn of a demonstration is a random valid action instead of "
         "the expert's (kept as context, not trained on): the policy then sees off-track states and "

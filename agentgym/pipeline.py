@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -196,6 +197,12 @@ class PolicySession:
         # differ between an update and the next weight sync: rollout.async_steps)
         self.policy_version = 0
         self.engine_version = 0
+        # held while the trainer changes the weights and while they are copied to the engine: a
+        # rollout played ahead (rollout.async_steps) syncs from another thread than the update
+        self._weights_lock = threading.Lock()
+        # global step -> policy_version once that step's update has finished (updated or not):
+        # what a rollout ahead must have synced to at its start to keep staleness <= async_steps
+        self._version_after: dict[int, int] = {}
         # (stage, iteration) -> {episode_id: critic values}: computed in the advantages step (GAE
         # needs them) and reused by that iteration's update as the value clip's reference. A
         # resumed update (no entry) recomputes them: the critic has not changed in between.
@@ -455,6 +462,7 @@ class PolicySession:
         skipped = keep.count(False)
         batch = batch.select(keep)
         if not len(batch):
+            self._version_after[ref.global_step] = self.policy_version
             return {"updated": False, "skipped_episodes": float(skipped), "policy_version": self.policy_version,
                     "staleness": float(staleness)}
         t0 = time.perf_counter()
@@ -465,11 +473,13 @@ class PolicySession:
         write_s = time.perf_counter() - t0
         trainer = self.trainer  # built on the first update: its start-up is timed apart
         t_train = time.perf_counter()
-        metrics = trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
-        t_sync = time.perf_counter()
-        self.policy_version += 1
-        if sync:
-            self.sync_weights()
+        with self._weights_lock:  # a rollout ahead must not copy weights in the middle of a step
+            metrics = trainer.train_from_store(self.store.spec(), ref.stage, ref.iteration, seed=seed)
+            t_sync = time.perf_counter()
+            self.policy_version += 1
+            self._version_after[ref.global_step] = self.policy_version
+            if sync:
+                self.sync_weights()
         end = time.perf_counter()
         metrics = {**metrics, "time/update_store_read_s": read_s,
                    "time/train_batch_write_s": write_s, "time/trainer_start_s": t_train - t0 - write_s,
@@ -487,14 +497,33 @@ class PolicySession:
             self.engine.update_weights(self.trainer.named_weights())
         self.engine_version = self.policy_version
 
-    def sync_if_behind(self) -> dict[str, float]:
-        """Sync the weights if the trainer has updated since the engine's last sync (call it only
-        while no rollout plays: a sync inside a turn would mix two policies in one reply)."""
-        if self.engine_version >= self.policy_version:
-            return {"synced": 0.0, "time/weight_sync_s": 0.0}
+    def sync_if_behind(self, before_step: int | None = None) -> dict[str, float]:
+        """Sync the weights if the trainer has updated since the engine's last sync. Call it only
+        while no rollout plays: a sync inside a turn would mix two policies in one reply.
+
+        ``before_step``: the global step whose rollout is about to start (``rollout.async_steps``
+        k >= 1, which may call this while an update runs in another thread). If the engine
+        already serves every update through step ``before_step - k - 1`` (the staleness bound
+        holds for that rollout), it syncs only when no update is in progress and otherwise
+        keeps the weights it has, so the rollout starts at once; if not, it waits for the
+        update in progress to finish and syncs. ``None``: wait and sync to the latest.
+        """
         t0 = time.perf_counter()
-        self.sync_weights()
-        return {"synced": 1.0, "time/weight_sync_s": time.perf_counter() - t0}
+        wait = True
+        if before_step is not None:
+            need = self._version_after.get(before_step - self.cfg.rollout.async_steps - 1, 0)
+            wait = self.engine_version < need
+        if not self._weights_lock.acquire(blocking=wait):  # an update is in progress: play on
+            return {"synced": 0.0, "time/weight_sync_s": 0.0, "time/weight_sync_wait_s": 0.0}
+        try:
+            t_locked = time.perf_counter()
+            if self.engine_version >= self.policy_version:
+                return {"synced": 0.0, "time/weight_sync_s": 0.0, "time/weight_sync_wait_s": t_locked - t0}
+            self.sync_weights()
+            return {"synced": 1.0, "time/weight_sync_s": time.perf_counter() - t_locked,
+                    "time/weight_sync_wait_s": t_locked - t0}
+        finally:
+            self._weights_lock.release()
 
     def close(self) -> None:
         """Release the trainer (a resident group's ranks stop) and the inference engine."""

@@ -6,7 +6,7 @@
 The real training flow (``scaling_inter_rl`` on a temporary Prefect server, MLflow in a temp
 folder) with the quickstart's settings (SmolLM2-135M-Instruct, BabyAI GoTo, GRPO, 4 tasks x 8
 episodes, constrained actions), one stage of ``--iterations`` at ``--horizon``, run once
-synchronously and once with ``async_steps: 1``, for each environment latency in
+synchronously and once with each ``--async-steps`` k (default 1 and 2), for each environment latency in
 ``--latencies``: every environment step first sleeps that many ms (``LatencyBabyAI``), which is
 what an environment server on another host costs the rollout (the rollout's threads wait, no
 CPU is spent). Both runs of a pair use the same seed, so they play the same first iteration.
@@ -56,6 +56,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--horizon", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--async-steps", type=int, nargs="+", default=[1, 2],
+                    help="the async settings k compared with synchronous (0)")
     return ap.parse_args()
 
 
@@ -98,22 +100,24 @@ def main() -> None:
     rows, raw = [], {}
     for latency in args.latencies:
         got = {}
-        for a in (0, 1):
+        for a in (0, *args.async_steps):
             with tempfile.TemporaryDirectory(prefix="agentgym-overlap-") as tmp:
                 t0 = time.perf_counter()
                 got[a] = _run(Path(tmp), latency, a, args)
                 print(f"latency {latency:.0f} ms, async_steps {a}: {got[a]} ({time.perf_counter() - t0:.0f} s)",
                       file=sys.stderr, flush=True)
         raw[str(latency)] = got
-        sync, asy = got[0], got[1]
-        rows += [
-            Row(f"env {latency:.0f} ms/step: wall per iteration (ours async, baseline sync)", asy["wall_s"],
-                sync["wall_s"], ratio=sync["wall_s"] / asy["wall_s"], unit="s"),
-            Row(f"env {latency:.0f} ms/step: generator idle share", 1 - asy["generator_busy"],
-                1 - sync["generator_busy"], ratio=float("nan")),
-            Row(f"env {latency:.0f} ms/step: trainer idle share", 1 - asy["trainer_busy"],
-                1 - sync["trainer_busy"], ratio=float("nan")),
-        ]
+        sync = got[0]
+        for a in args.async_steps:
+            asy = got[a]
+            rows += [
+                Row(f"env {latency:.0f} ms/step, k={a}: wall per iteration (ours async, baseline sync)",
+                    asy["wall_s"], sync["wall_s"], ratio=sync["wall_s"] / asy["wall_s"], unit="s"),
+                Row(f"env {latency:.0f} ms/step, k={a}: generator idle share", 1 - asy["generator_busy"],
+                    1 - sync["generator_busy"], ratio=float("nan")),
+                Row(f"env {latency:.0f} ms/step, k={a}: trainer idle share", 1 - asy["trainer_busy"],
+                    1 - sync["trainer_busy"], ratio=float("nan")),
+            ]
     benchlib.print_table(rows, "async_steps: wall per iteration over the stage")
     benchlib.write_results("async_overlap", rows, args, {"runs": raw}, load_before=load_before)
 

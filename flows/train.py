@@ -14,6 +14,7 @@ so a resumed run is in the same stage, at the same horizon, as an uninterrupted 
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from datetime import datetime, timezone
 from typing import Any
 
@@ -96,25 +97,31 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     tracker.describe(child, stage_description(run_id, index, horizon, iterations, start,
                                               links[TAG_FLOW_RUN_URL]))
     every = config.tracking.checkpoint_every
-    ahead = config.rollout.async_steps > 0
-    pending: PrefectFuture | None = None  # (async) the next iteration's rollout, playing meanwhile
-    ready: dict[str, Any] | None = None  # (async) the next iteration's rollout, already finished
+    k = config.rollout.async_steps
+    # (async) rollouts of the next iterations, oldest first: each plays after the one before it
+    # (one engine plays one rollout at a time), with the weights synced at its start
+    queued: deque[PrefectFuture] = deque()
     try:
         for it in range(start_iteration, iterations):
             gs = start + it
             pos = position(config.stages, gs)
             assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
-            if pending is not None:
-                rollout, pending = pending.result(), None
-            elif ready is not None:
-                rollout, ready = ready, None
+            if queued:
+                rollout = queued.popleft().result()
             else:  # synchronous, and a stage's first iteration under async_steps
                 rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
-            if ahead and it + 1 < iterations:  # no rollout plays now: sync, then start the next one
-                sync_policy(config, run_id, index, it + 1)
-                pending = collect_rollouts.submit(config, run_id, index, it + 1, gs + 1, horizon)
+            # queue the rollouts up to k iterations ahead, never past the stage (its horizon)
+            for nxt in range(it + 1 + len(queued), min(it + k, iterations - 1) + 1):
+                if queued:  # the sync waits for the rollout before it, in a worker thread
+                    synced = sync_policy.submit(config, run_id, index, nxt, start + nxt, wait_for=[queued[-1]],
+                                                 return_state=False)
+                    queued.append(collect_rollouts.submit(config, run_id, index, nxt, start + nxt, horizon,
+                                                          wait_for=[synced], return_state=False))
+                else:  # no rollout plays: sync here, before this iteration's update takes the weights
+                    sync_policy(config, run_id, index, nxt, start + nxt)
+                    queued.append(collect_rollouts.submit(config, run_id, index, nxt, start + nxt, horizon))
             adv = compute_advantages(config, run_id, index, it, gs)
-            upd = update_policy(config, run_id, index, it, gs, sync=not ahead)
+            upd = update_policy(config, run_id, index, it, gs, sync=not k)
             metrics = {**iteration_metrics(rollout, adv, upd), "horizon": horizon}
             # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
             # killed attempt may have logged past its checkpoint to one run or both
@@ -125,9 +132,8 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             # ...and the evaluation it may have run before its checkpoint
             if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
                     and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
-                if ahead:  # the engine must be free, then serve this update's weights
-                    if pending is not None:
-                        ready, pending = pending.result(), None
+                if k:  # the engine must be free, then serve this update's weights
+                    _drain(queued)
                     sync_policy(config, run_id, index, it + 1)
                 evaluate_live_run(config, run_id, EvalSettings(k=config.tracking.eval_k),
                                   EvalSink(mlflow_run_id=parent_mlflow_id, step=gs + 1))
@@ -137,10 +143,10 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             if every and (gs + 1) % every == 0 and it != iterations - 1:
                 save_checkpoint(config, run_id, child, index, gs + 1)
         checkpoint = save_checkpoint(config, run_id, child, index, start + iterations)
-        if ahead:  # the next stage starts on this stage's last update
+        if k:  # the next stage starts on this stage's last update
             sync_policy(config, run_id, index, iterations)
     except BaseException:  # the stage run must not stay RUNNING in MLflow; a re-run reopens it
-        if pending is not None:  # a rollout still playing is waited for (its commit is kept or not)
+        for pending in queued:  # rollouts still playing are waited for (each commit is kept or not)
             pending.wait()
         tracker.end_run(child, "FAILED")
         raise
@@ -150,6 +156,13 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     viewer = published["uri"] if published else None
     _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
     return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer}
+
+
+def _drain(queued: deque[PrefectFuture]) -> None:
+    """Wait for the queued rollouts to finish (the engine is then free), keeping them queued; the
+    first that failed raises here (those chained after it never started)."""
+    for pending in queued:
+        pending.result()
 
 
 def _for_readers(what: str, publish: Any, *args: Any) -> Any:

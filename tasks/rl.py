@@ -85,10 +85,13 @@ def update_policy(config: PipelineConfig, run_id: str, stage: int, iteration: in
 
 
 @task(name="sync_policy", task_run_name="sync_policy[stage {stage} it {iteration}]", cache_policy=NO_CACHE)
-def sync_policy(config: PipelineConfig, run_id: str, stage: int, iteration: int) -> dict[str, float]:
+def sync_policy(config: PipelineConfig, run_id: str, stage: int, iteration: int,
+                global_step: int | None = None) -> dict[str, float]:
     """Hand the trainer's latest weights to the engine if it is behind (rollout.async_steps: the
-    flow calls it between rollouts, before starting iteration ``iteration``'s)."""
-    return get_session(config, run_id).sync_if_behind()
+    flow calls it between rollouts, before starting iteration ``iteration``'s, whose global step
+    is ``global_step``; it then waits for an update in progress only when the staleness bound
+    needs that update. ``None``: before an evaluation or the next stage, to the latest weights)."""
+    return get_session(config, run_id).sync_if_behind(before_step=global_step)
 
 
 @task(name="save_checkpoint", task_run_name="save_checkpoint[stage {stage} step {global_step}]", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# DeepSpeed's accelerator: the CPU one unless a CUDA device is there (tests/gpu run on one)
+import torch  # noqa: E402
+
+os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
@@ -18,7 +21,6 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="agentgym-prefect-
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 # Two cores, and other work may share them: one thread is faster and deterministic here.
 torch.set_num_threads(1)

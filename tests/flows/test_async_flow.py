@@ -24,13 +24,25 @@ from configs import keyword_env, tiny_config  # tests/ is on sys.path
 STAGES = [{"horizon": 1, "iterations": 3}, {"horizon": 2, "iterations": 3}]
 
 
-def _cfg(tmp: Path, model_cache: str, run_id: str) -> dict:
+def _cfg(tmp: Path, model_cache: str, run_id: str, async_steps: int = 1, stages: list = STAGES) -> dict:
     return tiny_config(
         model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id=run_id, seed=2,
         envs=[keyword_env(eval_tasks=[7])],
-        rollout={"tasks_per_iteration": 3, "async_steps": 1},
+        rollout={"tasks_per_iteration": 3, "async_steps": async_steps},
         algorithm={"skip_tied_groups": False, "mini_batches": 1, "ppo_epochs": 1},  # approx_kl: before any step
-        schedule={"stages": STAGES}, tracking={"experiment": run_id, "eval_every": 2, "eval_k": 1})
+        schedule={"stages": stages}, tracking={"experiment": run_id, "eval_every": 2, "eval_k": 1})
+
+
+def _stage0_tasks(flow_run_id) -> dict:
+    """The task runs of a pipeline run's stage-0 subflow, by name."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as pc:
+        subflows = pc.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        stage0 = next(f for f in subflows if f.name.startswith("stage-0"))
+        return {t.name: t for t in pc.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [stage0.id]}))}
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +86,8 @@ def test_the_ratio_is_taken_against_the_samplers_logprobs(run):
 
 
 def test_the_next_rollout_overlaps_this_update_in_the_flow_graph(run):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
     _, _, flow_run_id, _ = run
-    with get_client(sync_client=True) as pc:
-        subflows = pc.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
-        stage0 = next(f for f in subflows if f.name.startswith("stage-0"))
-        tasks = {t.name: t for t in pc.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [stage0.id]}))}
+    tasks = _stage0_tasks(flow_run_id)
     update0 = tasks["update_policy[stage 0 it 0]"]
     collect1 = tasks["collect_rollouts[stage 0 h1 it 1]"]
     assert collect1.start_time < update0.end_time  # launched before the update ended
@@ -128,4 +133,35 @@ def test_async_refuses_recomputed_old_logprobs():
     with pytest.raises(ValueError, match="recompute_old_logprobs: false"):
         parse_config({"rollout": {"async_steps": 1}, "algorithm": {"recompute_old_logprobs": True}})
     with pytest.raises(ValueError, match="async_steps"):
-        parse_config({"rollout": {"async_steps": 2}})
+        parse_config({"rollout": {"async_steps": 9}})
+
+
+def test_two_steps_ahead_chains_the_rollouts_and_bounds_staleness_by_two(tmp_path, model_cache):
+    """async_steps: 2 -- two rollouts queued ahead, each synced at its start after the one
+    before it ends (a chain in the flow graph); no update trains on a batch more than two
+    updates old; the stage's last rollouts are never played past it; eval drains the queue."""
+    from flows.train import scaling_inter_rl
+
+    stages = [{"horizon": 1, "iterations": 5}, {"horizon": 2, "iterations": 2}]
+    cfg = parse_config(_cfg(tmp_path, model_cache, "async-two", async_steps=2, stages=stages))
+    state = scaling_inter_rl(cfg, return_state=True)
+    result = state.result()
+    ep = pd.read_parquet(tmp_path / "store" / "async-two" / "episodes")
+    assert ep.groupby("stage")["iteration"].nunique().to_dict() == {0: 5, 1: 2}
+    assert ep["episode_id"].is_unique and len(ep) == 6 * 7
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    stale = {m.step: m.value for m in client.get_metric_history(result["mlflow_run_id"], "staleness")}
+    assert sorted(stale) == list(range(7)) and max(stale.values()) <= 2
+    assert stale[0] == 0 and stale[5] == 0  # each stage's first rollout is synchronous
+    versions = ep.groupby(["stage", "iteration"])["policy_version"].min()
+    assert versions[(1, 0)] == 5  # the next stage starts on the last update of the one before
+    for stage, spec in enumerate(stages):
+        assert (ep.loc[ep.stage == stage, "horizon"] == spec["horizon"]).all()
+    tasks = _stage0_tasks(state.state_details.flow_run_id)
+    # iteration 2's rollout was queued at iteration 0: its sync waits for iteration 1's rollout,
+    # and the rollout for the sync
+    upstream = {str(i.id) for i in tasks["sync_policy[stage 0 it 2]"].task_inputs["wait_for"]}
+    assert str(tasks["collect_rollouts[stage 0 h1 it 1]"].id) in upstream
+    upstream = {str(i.id) for i in tasks["collect_rollouts[stage 0 h1 it 2]"].task_inputs["wait_for"]}
+    assert str(tasks["sync_policy[stage 0 it 2]"].id) in upstream
+    assert tasks["collect_rollouts[stage 0 h1 it 2]"].start_time < tasks["update_policy[stage 0 it 1]"].end_time

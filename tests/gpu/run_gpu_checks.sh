@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks: the vLLM engine on CUDA (HF vs vLLM on SmolLM2 in bf16, in-place weight sync), a
-# DeepSpeed step on the GPU (+ its weights synced into vLLM), and asynchronous RL (a vLLM rollout
-# in a thread beside a DeepSpeed update, tests/gpu/test_gpu_async.py). Written for one CUDA GPU (an H200);
+# DeepSpeed step on the GPU (+ its weights synced into vLLM), and asynchronous RL (vLLM rollouts 1 and
+# 2 iterations ahead in a thread beside a DeepSpeed update, tests/gpu/test_gpu_async.py). Written for one CUDA GPU (an H200);
 # takes a few minutes once the packages are there.
 #
 #   bash tests/gpu/run_gpu_checks.sh             # from anywhere; results also in $OUT or /tmp
@@ -58,7 +58,7 @@ fi
 
 # The project from the working tree (no install needed).
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 DS_ACCELERATOR=cuda
 
 "$PYTHON" - <<'EOF' 2>&1 | tee "$LOG_DIR/gpu_env.txt"
 import importlib, torch
