@@ -12,15 +12,18 @@ the horizon schedule and the RL seed:
     .venv/bin/python bench/learning/ablation.py run --env babyai-base --schedule scaling --seed 0 --variant gigpo
     .venv/bin/python bench/learning/ablation.py report          # table + plots from MLflow
 
-``--variant gigpo|turn`` runs a schedule with turn-level credit instead of outcome-only GRPO
-(``VARIANTS``); it is its own run and row, compared with its schedule in the report.
+``--variant gigpo|turn`` runs a schedule with turn-level credit instead of outcome-only GRPO,
+``--variant async`` with asynchronous RL (``rollout.async_steps: 1``) instead of synchronous
+(``VARIANTS``); each is its own run and row, compared with its schedule in the report.
 
 ``--env babyai-base`` is the same comparison from the base model, without a warm start (the
 paper's setting), on ``configs/quickstart.yaml`` itself (its tasks and RL settings): its runs
 need no ``warmstart`` and each measures its own random-valid and base rows. ``--env babyai-hard``
 (levels with several rooms, doors and keys; horizons 3 -> 6 -> 9) and ``--env textcraft-base``
 (recipes of depth 2-3 with the inventory shown; 5 -> 10 -> 20) are the same from-base comparison
-where the horizon matters more (``configs/ablation/<env>.yaml`` say why).
+where the horizon matters more (``configs/ablation/<env>.yaml`` say why). ``--env
+babyai-hard-warm`` is babyai-hard from one SFT warm start (``warmstart --env babyai-hard-warm``
+first; ``WARM_SFT``).
 
 Run ids are fixed by (env, schedule, seed), so re-running a killed command resumes it. Runs use
 ``config_path(env)``: ``configs/ablation/<env>.yaml``, or the quickstart's for babyai-base. The warm start is an ``agentgym train`` run with one RL
@@ -56,30 +59,43 @@ SCHEDULES = {
 }
 #: (short, middle, long) horizons; held-out episodes get the long one
 HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20), "babyai-base": (2, 3, 5), "babyai-hard": (3, 6, 9),
-            "textcraft-base": (5, 10, 20)}
+            "textcraft-base": (5, 10, 20), "babyai-hard-warm": (3, 6, 9)}
 #: held-out evaluation after every stage (True) or after the run's last stage only: a TextCraft
 #: evaluation is 30 tasks x up to 20 turns (6-8 min here), three of them would double a run
-EVERY_STAGE = {"babyai": True, "textcraft": False, "babyai-base": True, "babyai-hard": True, "textcraft-base": True}
+EVERY_STAGE = {"babyai": True, "textcraft": False, "babyai-base": True, "babyai-hard": True, "textcraft-base": True,
+               "babyai-hard-warm": True}
 #: RL from the base model itself: no warm start, every run evaluates the base model too
 FROM_BASE = {"babyai-base": "smollm2", "babyai-hard": "smollm2", "textcraft-base": "smollm2"}
 #: environments whose runs use a shipped config instead of configs/ablation/<env>.yaml
-CONFIGS = {"babyai-base": "configs/quickstart.yaml"}
+CONFIGS = {"babyai-base": "configs/quickstart.yaml", "babyai-hard-warm": "configs/ablation/babyai-hard.yaml"}
+#: the warm start's SFT settings where the config has none of its own: babyai-hard-warm is the
+#: babyai-hard comparison from one warm start (the babyai ablation's SFT recipe, 64 expert
+#: demonstrations of at most 20 turns, 2 epochs). The scripted expert solves about a fifth of the
+#: hard levels' attempts (53 of 256), so it gets 8 attempts per demonstration instead of 4.
+WARM_SFT = {"babyai-hard-warm": ["sft.episodes=64", "sft.heldout_episodes=8", "sft.epochs=2",
+                                 "sft.batch_size=4", "sft.learning_rate=3e-4",
+                                 "sft.attempts_per_episode=8"]}
 ITERATIONS = 6
 #: default RL iterations of a run, per environment (divisible by 3)
-DEFAULT_ITERATIONS = {"babyai-base": 51, "babyai-hard": 51, "textcraft-base": 51}
+DEFAULT_ITERATIONS = {"babyai-base": 51, "babyai-hard": 51, "textcraft-base": 51, "babyai-hard-warm": 51}
 #: held-out tasks replacing the config's ``envs.0.eval_tasks`` (None: the config's own). For
 #: babyai-base: the quickstart's 7 GoTo levels at minigrid seeds 100-109, the first 64 (the
 #: quickstart's 32 held-out tasks are the first 32 of them); training uses seeds 0-5.
 EVAL_TASKS = {"babyai-base": [40 * seed + level for seed in range(100, 110) for level in (0, 1, 2, 4, 8, 9, 10)][:64]}
 
 
-#: credit-assignment variants of a schedule (``run --variant``): the same runs with turn-level credit
-#: against the default outcome-only GRPO. gigpo: GiGPO's step groups by environment state
-#: (``turn_baseline: state``, its turn_gamma 0.95); turn: the same-turn-index baseline.
+#: variants of a schedule (``run --variant``), each its own run and row against the plain one:
+#: turn-level credit against the default outcome-only GRPO (gigpo: GiGPO's step groups by
+#: environment state, ``turn_baseline: state``, its turn_gamma 0.95; turn: the same-turn-index
+#: baseline), and async: asynchronous RL, the next rollout played during each update with the
+#: weights one update older (``rollout.async_steps: 1``), against the synchronous default.
 VARIANTS: dict[str, list[str]] = {
     "gigpo": ["algorithm.credit=turn", "algorithm.turn_baseline=state", "algorithm.turn_gamma=0.95"],
     "turn": ["algorithm.credit=turn", "algorithm.turn_baseline=turn"],
+    "async": ["rollout.async_steps=1"],
 }
+#: which config section a variant changes (everything else stays the plain run's)
+VARIANT_SECTION = {"gigpo": "algorithm", "turn": "algorithm", "async": "rollout"}
 
 
 def config_path(env: str) -> Path:
@@ -117,8 +133,9 @@ def _common(env: str) -> list[str]:
 def warmstart_overrides(env: str) -> list[str]:
     """SFT, the random-valid / base / after-SFT evaluations, and the one RL iteration the pipeline
     needs (its stage is not part of the ablation)."""
-    return _common(env) + ["sft.enabled=true", "heldout.every_stage=false",
-                           'schedule.stages=[{"horizon": %d, "iterations": 1}]' % HORIZONS[env][0]]
+    return _common(env) + WARM_SFT.get(env, []) + [
+        "sft.enabled=true", "heldout.every_stage=false",
+        'schedule.stages=[{"horizon": %d, "iterations": 1}]' % HORIZONS[env][0]]
 
 
 def overrides(env: str, schedule: str, seed: int, iterations: int, warm_start: str) -> list[str]:
@@ -346,7 +363,7 @@ def main() -> int:
     r.add_argument("--iterations", type=int, default=None,
                    help=f"RL iterations in all (divisible by 3; default {ITERATIONS}; the from-base envs {DEFAULT_ITERATIONS['babyai-base']})")
     r.add_argument("--variant", choices=sorted(VARIANTS), default=None,
-                   help="a credit-assignment variant of the schedule (its own run id and row in the report)")
+                   help="a variant of the schedule: turn-level credit or async RL (its own run id and row in the report)")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     sub.add_parser("report", help="table and plots of the finished runs")
     args = p.parse_args()

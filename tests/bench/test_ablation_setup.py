@@ -62,13 +62,19 @@ def test_the_report_pairs_the_schedules_on_the_tasks_all_of_them_evaluated():
 
 
 @pytest.mark.parametrize("variant", sorted(ablation.VARIANTS))
-def test_a_credit_variant_changes_only_the_credit(variant, tmp_path):
+def test_a_variant_changes_only_its_section(variant, tmp_path):
     base = ablation.overrides("babyai-base", "scaling", 0, 51, "smollm2")
     plain = load_config(ablation.config_path("babyai-base"), base)
     varied = load_config(ablation.config_path("babyai-base"), base + ablation.VARIANTS[variant])
-    assert varied.algorithm.credit == "turn" and varied.algorithm.turn_baseline == {"gigpo": "state"}.get(variant, "turn")
+    if variant == "async":
+        assert varied.rollout.async_steps == 1 and plain.rollout.async_steps == 0
+    else:
+        assert varied.algorithm.credit == "turn"
+        assert varied.algorithm.turn_baseline == {"gigpo": "state"}.get(variant, "turn")
+    section = ablation.VARIANT_SECTION[variant]
     a, b = plain.model_dump(), varied.model_dump()
-    a.pop("algorithm"), b.pop("algorithm")
+    assert a[section] != b[section]
+    a.pop(section), b.pop(section)
     assert a == b
     rid = ablation.run_id("babyai-base", "scaling", 0, variant)
     assert rid not in {ablation.run_id("babyai-base", s, 0) for s in ablation.SCHEDULES}
