@@ -58,7 +58,9 @@ an iteration; its numbers check the mechanics, nothing else.
 **Wall time** is training time: from the end of the pre-training evaluations (ours: its
 random-valid and base rows; TRL: the base row) to each held-out point, minus the held-out
 evaluations before it (ours: from the stage's last iteration to its held-out metric, which also
-covers the stage's checkpoint; TRL: timed around each evaluation). Building the trainer is inside
+covers the stage's checkpoint; TRL: timed around each evaluation and each checkpoint save). A TRL
+arm checkpoints every ``--trl-save-every`` iterations under ``bench/results/tts-state/`` and a
+re-run resumes it there, its clock going on from the checkpoint's. Building the trainer is inside
 it for both (ours loads its training policy there too; TRL's model was loaded for its base row).
 The process wall time of each arm (everything, evaluations included) is reported beside it.
 
@@ -323,6 +325,15 @@ def trl_eval_at(budget: Budget, iterations: int) -> list[int]:
     return sorted({e for e in budget.stage_ends if e <= iterations} | {iterations})
 
 
+def trl_state_dir(name: str, args: argparse.Namespace) -> Path:
+    """Where a TRL arm keeps its latest checkpoint and curve, so that re-running the script
+    resumes it (one folder per arm, seed, ``--smoke`` and ``--tag``)."""
+    import benchlib
+
+    suffix = ("-smoke" if args.smoke else "") + (f"-{args.tag}" if args.tag else "")
+    return benchlib.RESULTS / "tts-state" / f"{name}-s{args.seed}{suffix}"
+
+
 def trl_arm(mode: str, budget: Budget, cfg: dict[str, Any], ours: ArmResult | None,
             args: argparse.Namespace, logs: Path) -> ArmResult:
     """One TRL arm in ``bench/.venv-trl`` (``--trl-child``); its result JSON read back."""
@@ -335,6 +346,7 @@ def trl_arm(mode: str, budget: Budget, cfg: dict[str, Any], ours: ArmResult | No
             "iterations": iterations, "eval_at": trl_eval_at(budget, iterations),
             "tasks_per_iteration": budget.tasks_per_iteration, "group_size": budget.group_size,
             "heldout_tasks": budget.heldout_tasks, "horizon": HELDOUT_HORIZON, "root": str(ROOT),
+            "save_every": args.trl_save_every, "state": str(trl_state_dir(name, args)),
             "result": str(result)}
     spec_file = logs / f"tts-{name}-s{args.seed}.spec.json"
     spec_file.write_text(json.dumps(spec, indent=1))
@@ -592,7 +604,8 @@ def grpo_config(spec: dict[str, Any], out: str):
 
     per_gen = spec["tasks_per_iteration"] * spec["group_size"]
     return GRPOConfig(
-        output_dir=out, use_cpu=True, bf16=False, seed=spec["seed"], report_to=[], save_strategy="no",
+        output_dir=out, use_cpu=True, bf16=False, seed=spec["seed"], report_to=[], save_strategy="steps",
+        save_steps=spec["save_every"] * spec["mini_batches"], save_total_limit=2,
         logging_steps=1, disable_dropout=True, per_device_train_batch_size=1,
         gradient_accumulation_steps=per_gen // spec["mini_batches"], generation_batch_size=per_gen,
         num_generations=spec["group_size"], max_steps=spec["iterations"] * spec["mini_batches"],
@@ -636,13 +649,16 @@ def build_trainer(spec: dict[str, Any], model, tok, out: str):
 
 def heldout_callback(spec: dict[str, Any], tok, points: list[dict], clock: dict[str, float]):
     """After each iteration in ``eval_at``: the held-out success, with the training wall time so
-    far (evaluations left out)."""
+    far. ``clock`` holds ``t0`` and ``excluded`` (held-out evaluations and checkpoint saves):
+    training time is ``now - t0 - excluded``. At each checkpoint the curve so far goes into
+    ``progress.json`` beside it, which a resumed child reads back."""
     from transformers import TrainerCallback
 
     per_gen = spec["tasks_per_iteration"] * spec["group_size"]
 
     class Heldout(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
+            clock["step_end"] = time.perf_counter()  # a checkpoint save, if any, runs after this
             if state.global_step % spec["mini_batches"]:
                 return
             it = state.global_step // spec["mini_batches"]
@@ -650,11 +666,49 @@ def heldout_callback(spec: dict[str, Any], tok, points: list[dict], clock: dict[
                 return
             now = time.perf_counter()
             success = evaluate(model, tok, spec)
-            points.append(asdict(Point(f"iter-{it}", it, it * per_gen, now - clock["t0"] - clock["eval"], success)))
-            clock["eval"] += time.perf_counter() - now
+            points.append(asdict(Point(f"iter-{it}", it, it * per_gen, now - clock["t0"] - clock["excluded"],
+                                       success)))
+            clock["excluded"] += time.perf_counter() - now
+            clock["step_end"] = time.perf_counter()
             print(f"held-out after iteration {it}: {success:.3f} ({points[-1]['train_s']:.0f} s training)", flush=True)
 
+        def on_save(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            clock["excluded"] += now - clock.get("step_end", now)
+            train_s = now - clock["t0"] - clock["excluded"]
+            write_progress(Path(spec["state"]), state.global_step, points, train_s)
+            print(f"checkpoint at iteration {state.global_step // spec['mini_batches']} ({train_s:.0f} s training)",
+                  flush=True)
+
     return Heldout()
+
+
+def write_progress(state_dir: Path, step: int, points: list[dict], train_s: float) -> None:
+    """The curve and training seconds as of optimizer step ``step`` (the checkpoint just saved)."""
+    tmp = state_dir / "progress.json.tmp"
+    tmp.write_text(json.dumps({"step": step, "points": points, "train_s": train_s}, indent=1))
+    tmp.replace(state_dir / "progress.json")
+
+
+def resume_point(spec: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """The arm's latest checkpoint and the progress saved with it, or ``(None, None)`` for a fresh
+    start. A state folder written for other settings is refused (delete it, or pass ``--tag``)."""
+    state = Path(spec["state"])
+    state.mkdir(parents=True, exist_ok=True)
+    fixed = {k: v for k, v in spec.items() if k not in ("result", "threads")}
+    spec_file = state / "spec.json"
+    if spec_file.exists() and json.loads(spec_file.read_text()) != fixed:
+        raise SystemExit(f"{state} holds a TRL run with other settings: delete it, or pass --tag to start "
+                         "another run beside it")
+    spec_file.write_text(json.dumps(fixed, indent=1))
+    progress_file = state / "progress.json"
+    if not progress_file.exists():
+        return None, None  # no checkpoint finished yet: start over
+    progress = json.loads(progress_file.read_text())
+    ckpt = state / f"checkpoint-{progress['step']}"
+    if not (ckpt / "trainer_state.json").exists():
+        return None, None
+    return str(ckpt), progress
 
 
 def trl_findings(spec: dict[str, Any], tok_template_ok: bool, history: list[dict]) -> list[str]:
@@ -683,8 +737,6 @@ def trl_findings(spec: dict[str, Any], tok_template_ok: bool, history: list[dict
 
 def trl_child(spec_file: str) -> None:
     """In bench/.venv-trl: base evaluation, TRL training with held-out points, result JSON."""
-    import tempfile
-
     import torch
 
     spec = json.loads(Path(spec_file).read_text())
@@ -703,16 +755,23 @@ def trl_child(spec_file: str) -> None:
         add_response_schema(tok)
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     freeze_below(model, spec["train_layers"])
-    points = [asdict(Point("base", 0, 0, 0.0, evaluate(model, tok, spec)))]
-    print(f"held-out base: {points[0]['success']:.3f}", flush=True)
-    clock = {"t0": time.perf_counter(), "eval": 0.0}
-    with tempfile.TemporaryDirectory() as out:
-        trainer = build_trainer(spec, model, tok, out)
-        trainer.add_callback(heldout_callback(spec, tok, points, clock))
-        trainer.train()
+    ckpt, progress = resume_point(spec)
+    if progress is None:
+        points = [asdict(Point("base", 0, 0, 0.0, evaluate(model, tok, spec)))]
+        print(f"held-out base: {points[0]['success']:.3f}", flush=True)
+        clock = {"t0": time.perf_counter(), "excluded": 0.0}
+    else:  # the curve up to the checkpoint; the training clock goes on from its training seconds
+        points = progress["points"]
+        clock = {"t0": time.perf_counter() - progress["train_s"], "excluded": 0.0}
+        print(f"resuming from {ckpt} (iteration {progress['step'] // spec['mini_batches']}, "
+              f"{progress['train_s']:.0f} s training)", flush=True)
+    trainer = build_trainer(spec, model, tok, spec["state"])
+    trainer.add_callback(heldout_callback(spec, tok, points, clock))
+    trainer.train(resume_from_checkpoint=ckpt)
     history = [{k: v for k, v in h.items() if isinstance(v, (int, float))} for h in trainer.state.log_history]
     Path(spec["result"]).write_text(json.dumps({
-        "points": points, "eval_s": clock["eval"], "findings": trl_findings(spec, template_ok, history),
+        "points": points, "excluded_s": clock["excluded"], "resumed_from_step": progress and progress["step"],
+        "findings": trl_findings(spec, template_ok, history),
         "log_history": history, "iterations": spec["iterations"],
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}},
         indent=1))
@@ -768,6 +827,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="", help="part of ours' run id: a new run instead of reusing a finished one")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (1: shared machine)")
+    ap.add_argument("--trl-save-every", type=int, default=3,
+                    help="a TRL arm checkpoints every this many iterations (re-running resumes from the last)")
     ap.add_argument("--torch-index", default="", help="extra pip index for the CPU torch of bench/.venv-trl")
     ap.add_argument("--trl-child", metavar="SPEC", help=argparse.SUPPRESS)
     args = ap.parse_args()
