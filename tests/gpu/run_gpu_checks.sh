@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks: the vLLM engine on CUDA (HF vs vLLM on SmolLM2 in bf16, in-place weight sync), a
-# DeepSpeed step on the GPU (+ its weights synced into vLLM), and asynchronous RL (vLLM rollouts 1 and
-# 2 iterations ahead in a thread beside a DeepSpeed update, tests/gpu/test_gpu_async.py). Written for one CUDA GPU (an H200);
+# DeepSpeed step on the GPU (+ its weights synced into vLLM), and asynchronous RL (vLLM, or the hf
+# engine without vLLM, playing rollouts 1 and 2 iterations ahead in a thread beside a DeepSpeed
+# update, tests/gpu/test_gpu_async.py). Written for one CUDA GPU (an H200);
 # takes a few minutes once the packages are there.
 #
 #   bash tests/gpu/run_gpu_checks.sh             # from anywhere; results also in $OUT or /tmp
