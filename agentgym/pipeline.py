@@ -29,6 +29,7 @@ from agentgym.context import merge_segments
 from agentgym.models.folders import resolve_model
 from agentgym.rollout.engines import engine_for
 from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes
+from agentgym.schedule import stage_start
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.training.batch import TrainBatch
 from agentgym.training.protocol import Trainer, create_trainer
@@ -496,6 +497,43 @@ class PolicySession:
         else:
             self.engine.update_weights(self.trainer.named_weights())
         self.engine_version = self.policy_version
+
+    def retract_lost_work(self, from_step: int) -> list[int]:
+        """After the checkpoint of global step ``from_step`` was restored (``policy_version`` set
+        to the checkpoint's): withdraw what updates past that checkpoint produced, which the
+        resumed run redoes and must not train on. Returns the global steps touched, ascending.
+
+        * the episodes of a step >= ``from_step`` sampled by a policy version newer than the
+          checkpoint's came from a policy that is gone: the iteration is retracted whole
+          (episodes, turns, advantages, train batch) and will be rolled out again;
+        * the advantages and train batch of a step > ``from_step`` were computed after a lost
+          update (critic values, recomputed log-probs): retracted and recomputed; their episodes
+          stay when the checkpoint's policy (or an older one, within ``rollout.async_steps``)
+          sampled them.
+
+        With a checkpoint after every iteration nothing is past the checkpoint but the
+        iteration it was taken before (and, asynchronously, rollouts it sampled itself), so
+        nothing is retracted. Retracted commits move under the store's ``_retracted/``."""
+        stages = self.cfg.stages
+        touched: dict[int, tuple[int, int]] = {}  # global step -> (stage, iteration)
+        for m in self.store.commits("episodes"):
+            step = stage_start(stages, m.stage) + m.iteration
+            if step < from_step:
+                continue
+            sampled_by = self.store.read_table("episodes", stage=m.stage, iteration=m.iteration,
+                                               columns=["policy_version"])["policy_version"]
+            if len(sampled_by) and int(sampled_by.max()) > self.policy_version:
+                self.store.retract(m.stage, m.iteration, ("train_batch", "advantages", "turns", "episodes"))
+                touched[step] = (m.stage, m.iteration)
+        for table in ("train_batch", "advantages"):
+            for m in self.store.commits(table):
+                step = stage_start(stages, m.stage) + m.iteration
+                if step > from_step and step not in touched:
+                    self.store.retract(m.stage, m.iteration, ("train_batch", "advantages"))
+                    touched[step] = (m.stage, m.iteration)
+        for key in touched.values():
+            self._old_values.pop(key, None)
+        return sorted(touched)
 
     def sync_if_behind(self, before_step: int | None = None) -> dict[str, float]:
         """Sync the weights if the trainer has updated since the engine's last sync. Call it only

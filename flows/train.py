@@ -83,10 +83,13 @@ def _stage_artifact(tracker: Tracker, run_id: str, index: int, horizon: int, chi
 
 @flow(name="stage", flow_run_name="stage-{index}-horizon-{horizon}", log_prints=True)
 def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index: int,
-               horizon: int, iterations: int, start_iteration: int = 0) -> dict[str, Any]:
+               horizon: int, iterations: int, start_iteration: int = 0,
+               redo_steps: list[int] | None = None) -> dict[str, Any]:
     """Run one ScalingInter-RL stage: ``iterations`` RL iterations capped at ``horizon`` turns.
 
     ``start_iteration`` > 0 resumes the stage after a checkpoint taken mid-stage.
+    ``redo_steps``: global steps a killed attempt logged from work the resume retracted; their
+    metrics and evaluations are logged again (MLflow keeps both values; the later one counts).
     """
     logger = get_run_logger()
     tracker = Tracker.from_config(config.tracking)
@@ -97,6 +100,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     tracker.describe(child, stage_description(run_id, index, horizon, iterations, start,
                                               links[TAG_FLOW_RUN_URL]))
     every = config.tracking.checkpoint_every
+    redo = set(redo_steps or ())
     k = config.rollout.async_steps
     # (async) rollouts of the next iterations, oldest first: each plays after the one before it
     # (one engine plays one rollout at a time), with the weights synced at its start
@@ -128,10 +132,10 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             tracker.log_trajectory_commit(
                 child, "episodes", index, it, TrajectoryStore.location(config.store.root, run_id, "episodes"),
                 rollout["digest"], rollout["rows"], profile=rollout)
-            tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs)
+            tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs, again=gs in redo)
             # ...and the evaluation it may have run before its checkpoint
             if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
-                    and gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds")):
+                    and (gs in redo or gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds"))):
                 if k:  # the engine must be free, then serve this update's weights
                     _drain(queued)
                     sync_policy(config, run_id, index, it + 1)
@@ -239,6 +243,12 @@ def scaling_inter_rl(
                 heldout["sft"] = heldout_policy(config, parent, "sft", sft["checkpoint"])
         restored = restore_policy(config, run_id)
         start_step = restored["start_step"]
+        if restored["retracted_steps"]:  # work of updates the checkpoint does not hold: redone
+            tracker.set_tags(parent, {"agentgym.retracted_steps": ",".join(map(str, restored["retracted_steps"]))})
+            get_run_logger().warning(
+                "resuming at step %d: steps %s were done by updates after the last checkpoint; their "
+                "rollouts or advantages were retracted (store _retracted/) and are done again (set "
+                "tracking.checkpoint_every: 1 to lose less)", start_step, restored["retracted_steps"])
         progress.report("start", total=total_steps(config.stages), done=start_step, run_id=run_id)
         for index, spec in enumerate(config.stages):
             first = stage_start(config.stages, index)
@@ -250,7 +260,9 @@ def scaling_inter_rl(
                                              spec.iterations, ckpt))
             else:
                 stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
-                                         start_iteration=max(0, start_step - first)))
+                                         start_iteration=max(0, start_step - first),
+                                         redo_steps=[s for s in restored["retracted_steps"]
+                                                     if first <= s < first + spec.iterations]))
             last = index == len(config.stages) - 1
             if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])

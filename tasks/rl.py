@@ -33,20 +33,25 @@ def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     """Load the run's latest checkpoint (if any) into the session; returns where to resume.
 
     ``start_step`` is the number of iterations the checkpoint had completed: the pipeline
-    resumes at that global step, whose stage and horizon the schedule fixes.
+    resumes at that global step, whose stage and horizon the schedule fixes. ``retracted_steps``:
+    the global steps whose committed work came from updates after the checkpoint, withdrawn from
+    the store so that they are done again (``PolicySession.retract_lost_work``).
     """
     tracker = Tracker.from_config(config.tracking)
     ref = tracker.latest_checkpoint(run_id)
     if ref is None:
-        get_session(config, run_id, create=True).store.check_writable()
-        return {"start_step": 0, "checkpoint": None}
+        session = get_session(config, run_id, create=True)
+        session.store.check_writable()
+        # a run killed before its first checkpoint: what its updates sampled is redone too
+        return {"start_step": 0, "checkpoint": None, "retracted_steps": session.retract_lost_work(0)}
     # a local folder, or downloaded once into a cache keyed by the artifact URI
     dst = materialize(ref.artifact_uri, config.tracking.tracking_uri, config.model.cache_dir)
     session = get_session(config, run_id, weights=dst, create=True)
     session.policy_version = session.engine_version = int(ref.meta.get("policy_version", ref.global_step))
     if (dst / TRAINER_STATE).is_dir():  # exact resume: optimizer moments, schedule, RNG
         session.trainer.load_checkpoint(dst / TRAINER_STATE)
-    return {"start_step": ref.global_step, "checkpoint": ref.artifact_uri}
+    retracted = session.retract_lost_work(ref.global_step)
+    return {"start_step": ref.global_step, "checkpoint": ref.artifact_uri, "retracted_steps": retracted}
 
 
 @task(name="collect_rollouts", task_run_name="collect_rollouts[stage {stage} h{horizon} it {iteration}]",

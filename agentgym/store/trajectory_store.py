@@ -613,6 +613,42 @@ class TrajectoryStore:
             log.warning("removing %d uncommitted shard(s) from %s", len(stray), fs_dir)
             self.delete_quietly(stray)
 
+    def retract(self, stage: int, iteration: int, tables: Iterable[str]) -> list[str]:
+        """Withdraw the commits of ``tables`` at (stage, iteration), so that the iteration can be
+        written again (a resumed run redoing what a lost update produced). Nothing is deleted:
+        each commit manifest, then each partition's files, move under
+        ``_retracted/<time>-<id>/`` beside the tables (pandas and pyarrow skip "_" folders).
+
+        Manifests go first, in the order given (dependents before what they derive from:
+        train_batch, advantages, turns, episodes), so a process killed half-way leaves
+        commits that are whole or absent; files left in a partition without its manifest are
+        uncommitted ones, which the next commit there clears. Returns the tables whose commit
+        was withdrawn."""
+        tables = [check_table(t) for t in tables]
+        dest = f"{self._base}/_retracted/{utc_now().strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+        withdrawn = []
+        for table in tables:
+            src = self._commit_path(table, stage, iteration)
+            self._invalidate(src)
+            if not self.fs.exists(src):
+                continue
+            target = f"{dest}/_commits/{table}/{int(stage)}-{int(iteration)}.json"
+            self._mkdirs(target.rsplit("/", 1)[0])
+            self.fs.mv(src, target)
+            withdrawn.append(table)
+        for table in tables:
+            rel = self._partition_rel(table, stage, iteration)
+            part = self.abs_path(rel)
+            self._invalidate(part)
+            for path in self.fs.find(part):  # file by file: object stores have no folders to move
+                target = f"{dest}/{rel}/{path[len(part):].lstrip('/')}"
+                self._mkdirs(target.rsplit("/", 1)[0])
+                self.fs.mv(path, target)
+        if withdrawn:
+            log.warning("retracted %s of stage %d iteration %d into %s", ", ".join(withdrawn), stage,
+                        iteration, self._url(dest))
+        return withdrawn
+
     def delete_quietly(self, paths: Iterable[str]) -> None:
         for p in paths:
             try:

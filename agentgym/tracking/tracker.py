@@ -362,15 +362,16 @@ class Tracker:
         self.client.log_dict(mlflow_run_id, data, path)
 
     def log_metrics_once(self, mlflow_run_ids: list[str], metrics: dict[str, Any], step: int,
-                         key: str = "reward_mean") -> list[str]:
+                         key: str = "reward_mean", again: bool = False) -> list[str]:
         """Log ``metrics`` at ``step`` to each run that has no ``key`` at that step yet.
 
         Each run is checked on its own: a process killed between logging the stage run and the
         pipeline run leaves the step on one of them only, and the resumed attempt must fill in
         the other without doubling the first (MLflow keeps every value logged at a step).
+        ``again``: log to every run (the step was redone; its earlier values are superseded).
         Returns the runs that were written.
         """
-        written = [r for r in mlflow_run_ids if step not in self.logged_steps(r, key)]
+        written = [r for r in mlflow_run_ids if again or step not in self.logged_steps(r, key)]
         for run in written:
             self.log_metrics(run, metrics, step)
         return written

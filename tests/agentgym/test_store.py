@@ -738,3 +738,42 @@ def test_old_shards_lacking_an_added_column_read_as_nulls_with_pandas(tmp_path):
     assert len(filtered) == 4 and filtered.invalid_action.isna().all()
     # the store's own readers give the column's default instead
     assert store.read_table("turns", stage=1).invalid_action.tolist() == [False] * 4
+
+
+def _retract_round(store: TrajectoryStore, raw_read, opts=None) -> None:
+    """Commit two iterations of every table, retract one, write it again."""
+    for it in (0, 1):
+        store.write_episodes([make_episode(i, seed=it) for i in range(3)], stage=1, iteration=it,
+                             global_step=it, policy_version=it)
+        store.write_advantages([{"episode_id": "s1-e0", "advantages": [0.5], "returns": [1.0]}],
+                               stage=1, iteration=it, estimator="grpo")
+    before = store.read_table("episodes", stage=1, iteration=1)
+    withdrawn = store.retract(1, 1, ("train_batch", "advantages", "turns", "episodes"))
+    assert withdrawn[0] == "advantages" and withdrawn[-1] == "episodes"  # dependents first; no train_batch
+    assert [(c.stage, c.iteration) for c in store.commits("episodes")] == [(1, 0)]
+    assert [(c.stage, c.iteration) for c in store.commits("advantages")] == [(1, 0)]
+    assert not store.is_committed("turns", 1, 1)
+    # raw readers see iteration 0 only (the retracted files sit under _retracted/)
+    assert sorted(set(raw_read("episodes")["iteration"].astype(int))) == [0]
+    assert sorted(set(raw_read("turns")["iteration"].astype(int))) == [0]
+    # written again: the new commit, not the old one (a second retract finds nothing)
+    store.write_episodes([make_episode(i, seed=7) for i in range(2)], stage=1, iteration=1,
+                         global_step=1, policy_version=0)
+    again = store.read_table("episodes", stage=1, iteration=1)
+    assert len(again) == 2 and len(before) == 3
+    assert sorted(raw_read("episodes").groupby("iteration", observed=True).size().tolist()) == [2, 3]
+    assert store.retract(1, 5, ("episodes",)) == []
+
+
+def test_retract_withdraws_an_iteration_and_keeps_its_files(store, tmp_path):
+    _retract_round(store, lambda t: pd.read_parquet(store.path(t)))
+    kept = sorted((tmp_path / "store" / RUN / "_retracted").rglob("*"))
+    names = {p.name for p in kept}
+    assert {"1-1.json"} <= names and any(n.endswith(".parquet") for n in names), names
+    assert (tmp_path / "store" / RUN / "episodes" / "stage=1" / "iteration=1").is_dir()
+
+
+def test_retract_on_s3(s3_server):
+    opts = s3_server["storage_options"]
+    store = TrajectoryStore(f"s3://{s3_server['bucket']}/retract", RUN, storage_options=opts)
+    _retract_round(store, lambda t: pd.read_parquet(store.path(t), storage_options=opts))

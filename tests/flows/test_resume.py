@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = [{"horizon": 1, "iterations": 2}, {"horizon": 2, "iterations": 4}, {"horizon": 3, "iterations": 1}]
 
 
-def _config(tmp: Path, model_cache: str) -> Path:
+def _config(tmp: Path, model_cache: str, checkpoint_every: int = 1) -> Path:
     cfg = tiny_config(
         model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id="resume-test", seed=3,
         envs=[keyword_env(eval_tasks=[7]), {"name": "keyword", "tasks": [3, 4], "kwargs": {"target": "yes"}}],
         rollout={"tasks_per_iteration": 3}, schedule={"stages": STAGES},
-        tracking={"experiment": "resume", "checkpoint_every": 1, "eval_every": 2, "eval_k": 1})
+        tracking={"experiment": "resume", "checkpoint_every": checkpoint_every, "eval_every": 2, "eval_k": 1})
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -98,6 +98,52 @@ def test_sigkill_mid_stage_two_then_resume(tmp_path, model_cache):
                  "trajectories:", "MLflow:", "checkpoint:", "turns table:"):
         assert line in out, line
     assert all(r.data.tags.get("agentgym.stage_finished") == "true" for r in stages)
+
+
+@pytest.mark.slow
+def test_a_resume_from_the_stage_start_redoes_what_later_updates_sampled(tmp_path, model_cache):
+    """checkpoint_every 0: the only checkpoint inside stage 2 is its start (step 2). Killed after
+    stage 2's third rollout, the resumed run must not train on the rollouts of its second and
+    third iterations (sampled by updates it redoes): they are retracted and rolled out again, and
+    their metrics are logged again."""
+    cfg = _config(tmp_path, model_cache, checkpoint_every=0)
+    run = tmp_path / "store" / "resume-test"
+    proc = _train(cfg, tmp_path)
+    deadline = time.time() + 300
+    while not (run / "_commits" / "episodes" / "1-2.json").exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "first run never reached stage 2's third iteration"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = pd.read_parquet(run / "episodes")
+    sampled = before[before["stage"].astype(int) == 1].groupby("iteration", observed=True)["policy_version"].max()
+
+    second = _train(cfg, tmp_path)
+    out, _ = second.communicate(timeout=400)
+    assert second.returncode == 0, out
+    assert int(re.search(r"resumed at step (\d+)", out).group(1)) == 2
+
+    episodes = pd.read_parquet(run / "episodes")
+    episodes["iteration"] = episodes["iteration"].astype(int)
+    assert episodes.groupby(episodes["stage"].astype(int))["iteration"].nunique().to_dict() == {0: 2, 1: 4, 2: 1}
+    assert len(episodes) == 7 * 3 * 2 and episodes["episode_id"].is_unique
+    # every iteration sampled by a policy no newer than its step's: none from a lost update
+    last_version = episodes.groupby("global_step")["policy_version"].max()
+    assert last_version.is_monotonic_increasing and (last_version <= last_version.index).all()
+    retracted = sorted(p.name for p in (run / "_retracted").rglob("_commits/episodes/*.json"))
+    # stage 2's first rollout was sampled by the restored checkpoint's policy; a later one
+    # sampled by a newer version came from an update the resumed run redid
+    assert retracted == [f"1-{i}.json" for i in (1, 2) if sampled[i] > sampled[0]] != []
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("resume")
+    parent = client.search_runs([exp.experiment_id], "tags.`agentgym.kind` = 'pipeline'")[0]
+    redone = [int(s) for s in parent.data.tags["agentgym.retracted_steps"].split(",")]
+    assert redone == [2 + int(name[2]) for name in retracted]
+    steps = sorted(m.step for m in client.get_metric_history(parent.info.run_id, "reward_mean"))
+    assert set(steps) == set(range(7)) and all(steps.count(s) == 1 for s in range(7) if s not in redone)
+    assert 3 not in redone or steps.count(3) == 2  # logged before the kill, and again
 
 
 def test_resume_with_a_different_config_is_refused(tmp_path, model_cache):
