@@ -157,6 +157,10 @@ class RolloutConfig(_Strict):
         "hf", description="Inference engine for rollouts. hf: transformers in this process; vllm: vLLM "
         "in this process (.venv-vllm); vllm_server: remote `vllm serve` endpoints (rollout.servers), "
         "weights synced as LoRA adapters (needs trainer.lora).")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the hf engine's model runs: auto: the first CUDA GPU when there "
+        "is one (beside the trainer, whose weights it receives), else the CPU. vLLM places its own "
+        "model (leave auto).")
     servers: list[str] = Field(
         default_factory=list,
         description="vllm_server: base URLs of the `vllm serve` endpoints (http://host:port), all "
@@ -267,6 +271,9 @@ class RolloutConfig(_Strict):
         if self.constrain_actions and self.engine != "hf":
             raise ValueError("rollout.constrain_actions is implemented by the hf engine only; set "
                              "rollout.engine: hf or rollout.constrain_actions: false")
+        if self.device != "auto" and self.engine != "hf":
+            raise ValueError(f"rollout.device={self.device} applies to the hf engine only (rollout.engine="
+                             f"{self.engine} places its own model); leave rollout.device: auto")
         if self.engine == "vllm_server":
             if not self.servers:
                 raise ValueError("rollout.engine=vllm_server needs rollout.servers, the base URLs of "

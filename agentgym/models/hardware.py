@@ -41,3 +41,16 @@ def resolve_dtype(dtype: str) -> str:
 def resolve_bf16(flag: bool | str) -> bool:
     """``trainer.bf16``: ``"auto"`` -> whether bf16 is fast here; a bool unchanged."""
     return bf16_is_fast() if flag == "auto" else bool(flag)
+
+
+def resolve_device(device: str) -> str:
+    """``rollout.device``: ``"auto"`` -> ``"cuda"`` where a CUDA GPU is visible, else ``"cpu"``;
+    ``"cuda"`` without one is refused with the fix."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("rollout.device=cuda but no CUDA GPU is visible to this process (torch."
+                           "cuda.is_available() is False); set rollout.device: auto or cpu")
+    return device

@@ -159,3 +159,22 @@ def test_every_field_has_a_description():
                 walk(ann)
 
     walk(PipelineConfig)
+
+
+def test_rollout_device_is_for_the_hf_engine_only():
+    assert parse_config({"rollout": {"device": "cpu"}}).rollout.device == "cpu"
+    with pytest.raises(ConfigError, match="rollout.device=cuda applies to the hf engine only"):
+        parse_config({"rollout": {"engine": "vllm", "constrain_actions": False, "device": "cuda"}})
+
+
+def test_a_cuda_engine_without_a_gpu_is_refused_with_the_fix(monkeypatch):
+    import torch
+
+    from agentgym.models.hardware import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(RuntimeError, match="set rollout.device: auto or cpu"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"

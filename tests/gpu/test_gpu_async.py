@@ -138,6 +138,7 @@ def test_two_rollouts_ahead_beside_a_deepspeed_update_on_one_gpu(tmp_path, tiny_
         before = {k: v.float().cpu().clone() for k, v in session.trainer.named_weights()}
         staleness = play_k_ahead(session, 5, k=2)
         assert next(session.trainer.engine.module.parameters()).device.type == "cuda"
+        assert session.engine.device.type == "cuda"  # rollout.device auto: the engine on the GPU too
         assert max(staleness) <= 2 and staleness[0] == 0, staleness
         versions = session.store.read_table("episodes").groupby("iteration")["policy_version"].max().to_dict()
         assert all(int(it) - int(v) <= 2 for it, v in versions.items()), versions

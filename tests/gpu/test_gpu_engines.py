@@ -192,3 +192,25 @@ def test_trained_weights_sync_into_vllm(trainer, tiny_gpu_path):
             assert torch.allclose(torch.tensor(s.logprobs), ref, atol=0.05), (s.logprobs, ref)
     finally:
         vl.close()
+
+
+def test_hf_engine_on_cuda_matches_the_cpu(tiny_gpu_path):
+    """rollout.device auto puts the hf engine on the GPU: in fp32, greedy replies, sampled
+    replies' log-probs and constrained-action choices agree with the same engine on the CPU."""
+    from agentgym.rollout.engines import create_engine
+
+    gpu, tok = create_engine("hf", tiny_gpu_path, "float32")  # device auto
+    cpu, _ = create_engine("hf", tiny_gpu_path, "float32", device="cpu")
+    assert gpu.device.type == "cuda" and cpu.device.type == "cpu"
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    greedy = SamplingParams(max_new_tokens=12, greedy=True)
+    g, c = gpu.generate(prompts, greedy), cpu.generate(prompts, greedy)
+    assert sum(x.token_ids == y.token_ids for x, y in zip(g, c)) >= len(prompts) - 1
+    for x, y in zip(g, c):
+        if x.token_ids == y.token_ids:
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-3)
+    choices = [[tok(a, add_special_tokens=False)["input_ids"] for a in ("go forward", "turn left", "pick up")]
+               for _ in prompts]
+    pick = SamplingParams(max_new_tokens=8, greedy=True)
+    assert [s.token_ids for s in gpu.choose(prompts, choices, pick)] == \
+        [s.token_ids for s in cpu.choose(prompts, choices, pick)]

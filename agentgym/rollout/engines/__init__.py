@@ -14,11 +14,12 @@ if TYPE_CHECKING:
     from agentgym.config import PipelineConfig
 
 
-def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16",
+def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16", device: str = "auto",
                   **kwargs) -> tuple[InferenceEngine, PreTrainedTokenizerBase]:
     """Build the rollout engine ``kind`` over a local HF folder; returns (engine, tokenizer).
-    ``dtype`` "auto" is bfloat16 where the hardware computes it natively, else float32."""
-    from agentgym.models.hardware import resolve_dtype
+    ``dtype`` "auto" is bfloat16 where the hardware computes it natively, else float32;
+    ``device`` (hf only) "auto" is the first CUDA GPU where there is one, else the CPU."""
+    from agentgym.models.hardware import resolve_device, resolve_dtype
 
     dtype = resolve_dtype(dtype)
     if kind == "hf":
@@ -26,7 +27,7 @@ def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16",
         from agentgym.models.folders import load_model
 
         model, tokenizer = load_model(model_path, dtype)
-        return HFEngine(model, tokenizer, **kwargs), tokenizer
+        return HFEngine(model.to(resolve_device(device)), tokenizer, **kwargs), tokenizer
     if kind == "vllm":
         from agentgym.rollout.engines.vllm import VLLMEngine  # noqa: PLC0415 - optional dependency
 
@@ -48,7 +49,7 @@ def engine_for(cfg: PipelineConfig, model_path: str | Path) -> tuple[InferenceEn
     served without restarting the servers on it, which this engine does not do."""
     r = cfg.rollout
     if r.engine != "vllm_server":
-        return create_engine(r.engine, model_path, cfg.model.dtype)
+        return create_engine(r.engine, model_path, cfg.model.dtype, device=r.device)
     from agentgym.models.folders import resolve_model
 
     base = Path(resolve_model(cfg.model.name_or_path, cfg.model.cache_dir)).resolve()
