@@ -2,7 +2,7 @@
 restored (a stage resumed with tracking.checkpoint_every 0), what updates past that checkpoint
 produced is withdrawn from the store and done again, never trained on."""
 
-import pytest
+import contextlib
 
 from agentgym.pipeline import IterationRef, PolicySession
 from configs import keyword_env, parse_tiny_config  # tests/ is on sys.path
@@ -23,6 +23,21 @@ def _iterate(session, it, *, collect=True):
     assert session.update(ref, sync=True)["updated"]
 
 
+@contextlib.contextmanager
+def _restored(cfg, run_id, version):
+    """A new session on the run, as restore_policy leaves it: at the checkpoint's policy version."""
+    session = PolicySession(cfg, run_id)
+    session.policy_version = session.engine_version = version
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def _committed(store, table):
+    return [c.iteration for c in store.commits(table)]
+
+
 def _versions(store):
     df = store.read_table("episodes", columns=["iteration", "policy_version"])
     return {int(k): int(v) for k, v in df.groupby("iteration", observed=True)["policy_version"].max().items()}
@@ -39,20 +54,15 @@ def test_iterations_sampled_after_the_checkpoint_are_retracted_and_rolled_again(
         first.close()
 
     # resumed from the checkpoint after iteration 0 (step 1, policy version 1)
-    resumed = PolicySession(cfg, "retract")
-    try:
-        resumed.policy_version = resumed.engine_version = 1
+    with _restored(cfg, "retract", 1) as resumed:
         assert resumed.retract_lost_work(1) == [2]
         store = resumed.store
         assert _versions(store) == {0: 0, 1: 1}  # iteration 1 was sampled by the checkpoint's policy
-        assert [c.iteration for c in store.commits("advantages")] == [0, 1]
-        assert [c.iteration for c in store.commits("train_batch")] == [0, 1]
+        assert _committed(store, "advantages") == _committed(store, "train_batch") == [0, 1]
         _iterate(resumed, 1, collect=False)  # reused: its rollout is the checkpoint's own
         _iterate(resumed, 2)                 # rolled out again, by the resumed run's policy
         assert _versions(store) == {0: 0, 1: 1, 2: 2}
         assert resumed.retract_lost_work(3) == []  # nothing past the newest state
-    finally:
-        resumed.close()
 
 
 def test_a_rollout_ahead_sampled_by_the_checkpoint_stays_but_its_advantages_go(model_cache, tmp_path):
@@ -76,18 +86,13 @@ def test_a_rollout_ahead_sampled_by_the_checkpoint_stays_but_its_advantages_go(m
     finally:
         first.close()
 
-    resumed = PolicySession(cfg, "retract-async")
-    try:
-        resumed.policy_version = resumed.engine_version = 1
+    with _restored(cfg, "retract-async", 1) as resumed:
         assert resumed.retract_lost_work(1) == [2]
         assert _versions(resumed.store) == {0: 0, 1: 0, 2: 1}  # every rollout stays
-        assert [c.iteration for c in resumed.store.commits("advantages")] == [0, 1]
-        assert [c.iteration for c in resumed.store.commits("train_batch")] == [0, 1]
+        assert _committed(resumed.store, "advantages") == _committed(resumed.store, "train_batch") == [0, 1]
         _iterate(resumed, 1, collect=False)
         _iterate(resumed, 2, collect=False)   # staleness 1: within the bound
-        assert [c.iteration for c in resumed.store.commits("advantages")] == [0, 1, 2]
-    finally:
-        resumed.close()
+        assert _committed(resumed.store, "advantages") == [0, 1, 2]
 
 
 def test_without_a_checkpoint_everything_past_the_first_policy_goes(model_cache, tmp_path):
@@ -100,10 +105,7 @@ def test_without_a_checkpoint_everything_past_the_first_policy_goes(model_cache,
             _iterate(first, it)
     finally:
         first.close()
-    resumed = PolicySession(cfg, "retract-none")
-    try:
+    with _restored(cfg, "retract-none", 0) as resumed:
         assert resumed.retract_lost_work(0) == [1]
         assert _versions(resumed.store) == {0: 0}
-        assert [c.iteration for c in resumed.store.commits("advantages")] == [0]
-    finally:
-        resumed.close()
+        assert _committed(resumed.store, "advantages") == [0]
