@@ -27,7 +27,9 @@ def create_engine(kind: str, model_path: str | Path, dtype: str = "bfloat16", de
         from agentgym.models.folders import load_model
 
         model, tokenizer = load_model(model_path, dtype)
-        return HFEngine(model.to(resolve_device(device)), tokenizer, **kwargs), tokenizer
+        # in place (a module's .to moves it); transformers types .to as its dtype-checking wrapper
+        model.to(resolve_device(device))  # type: ignore[arg-type]
+        return HFEngine(model, tokenizer, **kwargs), tokenizer
     if kind == "vllm":
         from agentgym.rollout.engines.vllm import VLLMEngine  # noqa: PLC0415 - optional dependency
 
