@@ -626,24 +626,24 @@ class TrajectoryStore:
         was withdrawn."""
         tables = [check_table(t) for t in tables]
         dest = f"{self._base}/_retracted/{utc_now().strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+
+        def move(path: str) -> None:  # to the same place under dest as under the run's folder
+            target = dest + path[len(self._base):]
+            self._mkdirs(target.rsplit("/", 1)[0])
+            self.fs.mv(path, target)
+
         withdrawn = []
         for table in tables:
             src = self._commit_path(table, stage, iteration)
             self._invalidate(src)
-            if not self.fs.exists(src):
-                continue
-            target = f"{dest}/_commits/{table}/{int(stage)}-{int(iteration)}.json"
-            self._mkdirs(target.rsplit("/", 1)[0])
-            self.fs.mv(src, target)
-            withdrawn.append(table)
+            if self.fs.exists(src):
+                move(src)
+                withdrawn.append(table)
         for table in tables:
-            rel = self._partition_rel(table, stage, iteration)
-            part = self.abs_path(rel)
+            part = self.abs_path(self._partition_rel(table, stage, iteration))
             self._invalidate(part)
             for path in self.fs.find(part):  # file by file: object stores have no folders to move
-                target = f"{dest}/{rel}/{path[len(part):].lstrip('/')}"
-                self._mkdirs(target.rsplit("/", 1)[0])
-                self.fs.mv(path, target)
+                move(path)
         if withdrawn:
             log.warning("retracted %s of stage %d iteration %d into %s", ", ".join(withdrawn), stage,
                         iteration, self._url(dest))
