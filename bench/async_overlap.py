@@ -2,6 +2,7 @@
 
     nice -n 19 .venv/bin/python bench/async_overlap.py                       # ~15 min idle
     nice -n 19 .venv/bin/python bench/async_overlap.py --latencies 0 --iterations 3   # smoke
+    nice -n 19 .venv/bin/python bench/async_overlap.py --engine vllm_server --latencies 0   # (b): needs .venv-vllm
 
 The real training flow (``scaling_inter_rl`` on a temporary Prefect server, MLflow in a temp
 folder) with the quickstart's settings (SmolLM2-135M-Instruct, BabyAI GoTo, GRPO, 4 tasks x 8
@@ -19,6 +20,15 @@ update seconds / wall). The ratio column is sync wall / async wall (> 1: async i
 measured on the same machine in the same invocation. On 2 CPU cores the rollout and the update compete for the same cores, so
 overlap pays only where the rollout waits (environment latency); a GPU trainer beside remote
 generators is the case it is built for.
+
+``--engine vllm_server`` (issue 24 (b)): the rollouts go to a ``vllm serve`` of SmolLM2 on loopback,
+started by ``vllm_server_launch`` in ``.venv-vllm`` (``bash scripts/setup_vllm_env.sh``) with its
+start outside the timed runs, weights synced as LoRA adapters (``trainer.lora`` r 8 instead of the
+top 8 layers). vLLM has no action-constrained decoding here, so the replies are free text
+(``rollout.constrain_actions: false``, 24 new tokens); SmolLM2 from its base weights rarely names
+a valid action, so nearly every GRPO group ties, and ``algorithm.skip_tied_groups: false`` with
+``rollout.max_draws: 1`` makes every iteration run its update all the same (what is timed is the
+overlap, not the learning). The server shares the same 2 cores.
 """
 
 from __future__ import annotations
@@ -58,16 +68,47 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--async-steps", type=int, nargs="+", default=[1, 2],
                     help="the async settings k compared with synchronous (0)")
+    ap.add_argument("--engine", choices=["hf", "vllm_server"], default="hf",
+                    help="hf: in-process rollouts (constrained actions); vllm_server: a `vllm serve` "
+                         "on loopback (free text, LoRA sync)")
     return ap.parse_args()
 
 
-def _run(tmp: Path, latency_ms: float, async_steps: int, args: argparse.Namespace) -> dict[str, float]:
+def _engine_overrides(args: argparse.Namespace, server_url: str | None, tmp: Path) -> list[str]:
+    if args.engine == "hf":
+        return []
+    return [
+        "rollout.engine=vllm_server", f'rollout.servers=["{server_url}"]', f"rollout.adapter_dir={tmp / 'adapters'}",
+        "rollout.constrain_actions=false", "rollout.max_new_tokens=24", "rollout.max_draws=1",
+        "algorithm.skip_tied_groups=false", "trainer.train_layers=null", "trainer.lora={r: 8, alpha: 16}",
+    ]
+
+
+def _start_server(args: argparse.Namespace, log_dir: Path):
+    """The loopback ``vllm serve`` for ``--engine vllm_server`` (None for hf)."""
+    if args.engine == "hf":
+        return None
+    from agentgym.models.folders import resolve_model
+    from agentgym.rollout.engines.vllm_server_launch import start_vllm_server
+
+    # a token budget that prefills all 32 episodes' prompts in one step (the figures of record were
+    # taken so; it also kept the server alive before patch_cpu_seed_rewind, docs/scale-out.md)
+    server = start_vllm_server(resolve_model("smollm2"), log_dir / "vllm-serve.log", lora_rank=8,
+                               max_model_len=2048, kv_cache_gb=1.0,
+                               extra_args=["--max-num-batched-tokens", "65536"])
+    print(f"vllm serve up at {server.url} in {server.start_seconds:.0f} s (log {server.log_path})",
+          file=sys.stderr, flush=True)
+    return server
+
+
+def _run(tmp: Path, latency_ms: float, async_steps: int, args: argparse.Namespace,
+         server_url: str | None = None) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
     from agentgym.config import load_config, with_overrides
     from flows.train import scaling_inter_rl
 
-    run_id = f"overlap-l{int(latency_ms)}-a{async_steps}"
+    run_id = f"overlap-{args.engine}-l{int(latency_ms)}-a{async_steps}"
     cfg = with_overrides(load_config(ROOT / "configs" / "quickstart.yaml"), [
         f"run_id={run_id}", f"seed={args.seed}", "heldout.enabled=false",
         'envs.0.name=async_overlap:LatencyBabyAI',
@@ -76,6 +117,7 @@ def _run(tmp: Path, latency_ms: float, async_steps: int, args: argparse.Namespac
         f"rollout.async_steps={async_steps}",
         f"store.root={tmp / 'store'}", f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
         f"tracking.experiment={run_id}",
+        *_engine_overrides(args, server_url, tmp),
     ])
     result = scaling_inter_rl(cfg)
     client = MlflowClient(cfg.tracking.tracking_uri)
@@ -98,15 +140,23 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # async_overlap:LatencyBabyAI for the config
     load_before = os.getloadavg()
     rows, raw = [], {}
+    log_dir = Path(tempfile.mkdtemp(prefix="agentgym-overlap-logs-"))
+    server = _start_server(args, log_dir)
+    try:
+        for latency in args.latencies:
+            got = {}
+            for a in (0, *args.async_steps):
+                with tempfile.TemporaryDirectory(prefix="agentgym-overlap-") as tmp:
+                    t0 = time.perf_counter()
+                    got[a] = _run(Path(tmp), latency, a, args, server.url if server else None)
+                    print(f"latency {latency:.0f} ms, async_steps {a}: {got[a]} "
+                          f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+            raw[str(latency)] = got
+    finally:
+        if server is not None:
+            server.stop()
     for latency in args.latencies:
-        got = {}
-        for a in (0, *args.async_steps):
-            with tempfile.TemporaryDirectory(prefix="agentgym-overlap-") as tmp:
-                t0 = time.perf_counter()
-                got[a] = _run(Path(tmp), latency, a, args)
-                print(f"latency {latency:.0f} ms, async_steps {a}: {got[a]} ({time.perf_counter() - t0:.0f} s)",
-                      file=sys.stderr, flush=True)
-        raw[str(latency)] = got
+        got = raw[str(latency)]
         sync = got[0]
         for a in args.async_steps:
             asy = got[a]
@@ -118,7 +168,7 @@ def main() -> None:
                 Row(f"env {latency:.0f} ms/step, k={a}: trainer idle share", 1 - asy["trainer_busy"],
                     1 - sync["trainer_busy"], ratio=float("nan")),
             ]
-    benchlib.print_table(rows, "async_steps: wall per iteration over the stage")
+    benchlib.print_table(rows, f"async_steps ({args.engine}): wall per iteration over the stage")
     benchlib.write_results("async_overlap", rows, args, {"runs": raw}, load_before=load_before)
 
 

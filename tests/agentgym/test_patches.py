@@ -53,6 +53,7 @@ GUARDED = [
     pytest.param("uvicorn", "0.53.1", lambda: uvicorn_patches.head_deadline_h11_protocol(1.0, b""),
                  id="uvicorn.head_deadline_h11_protocol"),
     pytest.param("vllm", "0.33.0", vllm_patches.patch_sampler, id="vllm.patch_sampler"),
+    pytest.param("vllm", "0.33.0", vllm_patches.patch_cpu_seed_rewind, id="vllm.patch_cpu_seed_rewind"),
     pytest.param("vllm", "0.31.2", lambda: _enter(vllm_patches.keep_default_process_group)(),
                  id="vllm.keep_default_process_group"),
     pytest.param("vllm", "0.33.0rc1", vllm_patches.destroy_vllm_groups, id="vllm.destroy_vllm_groups"),

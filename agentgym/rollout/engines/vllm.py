@@ -75,7 +75,8 @@ import torch
 
 from agentgym.infra import tempdirs
 from agentgym.infra.heap import release_freed_heap
-from agentgym.patches.vllm import destroy_vllm_groups, keep_default_process_group, patch_sampler
+from agentgym.patches.vllm import (destroy_vllm_groups, keep_default_process_group, patch_cpu_seed_rewind,
+                                   patch_sampler)
 from agentgym.rollout.engines.base import Sample, SamplingParams, check_prompts
 from agentgym.rollout.engines.vllm_rules import Piece, generate_with_stop_rule
 
@@ -241,6 +242,7 @@ class VLLMEngine:
             warnings.warn("VLLM_ENABLE_V1_MULTIPROCESSING is on: the pre-top-p log-prob patch and "
                           "in-place weight updates assume an in-process engine core", stacklevel=2)
         self.sampler_patch = patch_sampler()
+        patch_cpu_seed_rewind()  # a chunked prefill of a seeded row must not kill the CPU engine
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
         tokenizer.padding_side = "left"

@@ -179,9 +179,10 @@ def _patch_in_this_process() -> None:
     # engines/vllm.py defaults to an in-process engine core; a server keeps vLLM's own layout
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     import agentgym.rollout.engines.vllm  # noqa: F401  (its vLLM environment defaults: log level, no usage stats)
-    from agentgym.patches.vllm import patch_sampler
+    from agentgym.patches.vllm import patch_cpu_seed_rewind, patch_sampler
 
     patch_sampler()
+    patch_cpu_seed_rewind()
 
 
 if __name__ == "__mp_main__":  # a child vLLM spawned from the launcher: the engine core
