@@ -84,16 +84,16 @@ def _engine_overrides(args: argparse.Namespace, server_url: str | None, tmp: Pat
     ]
 
 
-def _start_server(args: argparse.Namespace, log_dir: Path):
+def _start_server(args: argparse.Namespace):
     """The loopback ``vllm serve`` for ``--engine vllm_server`` (None for hf)."""
     if args.engine == "hf":
         return None
     from agentgym.models.folders import resolve_model
     from agentgym.rollout.engines.vllm_server_launch import start_vllm_server
 
-    # a token budget that prefills all 32 episodes' prompts in one step (the figures of record were
-    # taken so; it also kept the server alive before patch_cpu_seed_rewind, docs/scale-out.md)
-    server = start_vllm_server(resolve_model("smollm2"), log_dir / "vllm-serve.log", lora_rank=8,
+    # a token budget that prefills all 32 episodes' prompts in one step, as in bench/README.md's row
+    log = Path(tempfile.mkdtemp(prefix="agentgym-overlap-logs-")) / "vllm-serve.log"
+    server = start_vllm_server(resolve_model("smollm2"), log, lora_rank=8,
                                max_model_len=2048, kv_cache_gb=1.0,
                                extra_args=["--max-num-batched-tokens", "65536"])
     print(f"vllm serve up at {server.url} in {server.start_seconds:.0f} s (log {server.log_path})",
@@ -140,8 +140,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # async_overlap:LatencyBabyAI for the config
     load_before = os.getloadavg()
     rows, raw = [], {}
-    log_dir = Path(tempfile.mkdtemp(prefix="agentgym-overlap-logs-"))
-    server = _start_server(args, log_dir)
+    server = _start_server(args)
     try:
         for latency in args.latencies:
             got = {}

@@ -119,14 +119,13 @@ def patch_sampler() -> dict[str, bool]:
     return dict(state)
 
 
-_REWIND_STATE: dict[str, bool] = {}
 _BOOKKEEPING_PARAMS = ("self", "scheduler_output", "sampler_output", "logits", "hidden_states",
                        "num_scheduled_tokens")
 
 
 def patch_cpu_seed_rewind() -> bool:
     """Let the model runner skip its seed rewind for requests whose generator is on the CPU.
-    Returns True once patched; idempotent; process-wide.
+    Returns True; idempotent (a patched method is marked); process-wide.
 
     When a step prefills only part of a request's prompt (chunked prefill: the step's token
     budget, ``--max-num-batched-tokens``, is spent), vLLM samples a token for it anyway, discards
@@ -144,8 +143,6 @@ def patch_cpu_seed_rewind() -> bool:
              "self.discard_request_mask.np and self.input_batch.generators, and whether CPU "
              "generators now support offsets")
     _require_vllm("patch_cpu_seed_rewind", check)
-    if _REWIND_STATE:
-        return True
     import numpy as np
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -158,8 +155,8 @@ def patch_cpu_seed_rewind() -> bool:
                               num_scheduled_tokens):
             generators = self.input_batch.generators
             discarded = np.nonzero(self.discard_request_mask.np[:self.input_batch.num_reqs])[0]
-            hidden = {int(i): generators.pop(int(i)) for i in discarded
-                      if int(i) in generators and generators[int(i)].device.type == "cpu"}
+            hidden = {i: generators.pop(i) for i in map(int, discarded)
+                      if i in generators and generators[i].device.type == "cpu"}
             try:
                 return orig(self, scheduler_output, sampler_output, logits, hidden_states,
                             num_scheduled_tokens)
@@ -168,7 +165,6 @@ def patch_cpu_seed_rewind() -> bool:
 
         _bookkeeping_sync._agentgym_patched = True  # type: ignore[attr-defined]
         GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
-    _REWIND_STATE["v1"] = True
     return True
 
 
