@@ -37,6 +37,28 @@ def act(env, action: str):
     return env.step(f"Thought:\nNext step.\n\nAction:\n{action}")
 
 
+def stop_every_thread(pid: int, deadline_s: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and wait until all its threads are stopped.
+
+    ``kill`` returns before a group stop completes: one thread is woken to start it, and until
+    it runs, another thread (the JVM's socket reader) can still answer a call that arrives.
+    Under load that window let a "hung" JVM answer once (CI, 2026-12-04)."""
+    os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that exited meanwhile
+                continue
+        if states and all(s in "Tt" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} did not stop within {deadline_s} s")
+
+
 def java_children() -> list[int]:
     return sorted(p.pid for p in psutil.Process().children(recursive=True)
                   if p.name().startswith("java"))
@@ -277,7 +299,7 @@ def test_hung_jvm_times_out_as_infra_error():
     try:
         e.reset(LONGEST_LIVED_0)
         pid = e._jvm.pid
-        os.kill(pid, signal.SIGSTOP)
+        stop_every_thread(pid)
         t0 = time.monotonic()
         with pytest.raises(InfraError):
             act(e, "look around")
