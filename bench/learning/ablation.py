@@ -244,7 +244,8 @@ def _final_successes(client, run, schedule: str, horizons: tuple[int, int, int])
 
 def _interval_rows(per_arm: dict[str, list[dict[int, float]]]) -> list[str]:
     """Markdown rows: each schedule's mean with its 95 % bootstrap interval, and ScalingInter-RL
-    minus each fixed schedule, paired on the held-out tasks (``bootstrap.py``)."""
+    minus each fixed schedule and the long minus the short one, paired on the held-out tasks
+    (``bootstrap.py``)."""
     import numpy as np
     from bootstrap import mean_interval, paired_difference
 
@@ -258,7 +259,7 @@ def _interval_rows(per_arm: dict[str, list[dict[int, float]]]) -> list[str]:
     for k, m in mats.items():
         mean, lo, hi = mean_interval(m)
         rows.append(f"| {k} ({m.shape[0]} seeds) | {mean:.3f} | [{lo:.3f}, {hi:.3f}] |")
-    pairs = [("scaling", "short"), ("scaling", "long")] + [
+    pairs = [("scaling", "short"), ("scaling", "long"), ("long", "short")] + [
         (k, k.split(" + ")[0]) for k in mats if " + " in k]  # a credit variant against its schedule
     for a, b in pairs:
         if a in mats and b in mats:
