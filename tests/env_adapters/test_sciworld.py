@@ -42,7 +42,7 @@ def stop_every_thread(pid: int, deadline_s: float = 10.0) -> None:
 
     ``kill`` returns before a group stop completes: one thread is woken to start it, and until
     it runs, another thread (the JVM's socket reader) can still answer a call that arrives.
-    Under load that window let a "hung" JVM answer once (CI, 2026-12-04)."""
+    Under load, that window let a "hung" JVM answer the test's call."""
     os.kill(pid, signal.SIGSTOP)
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
