@@ -46,15 +46,12 @@ def stop_every_thread(pid: int, deadline_s: float = 10.0) -> None:
     os.kill(pid, signal.SIGSTOP)
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except FileNotFoundError:  # a thread that exited meanwhile
-                continue
-        if states and all(s in "Tt" for s in states):
-            return
+        try:
+            if all(psutil.Process(t.id).status() == psutil.STATUS_STOPPED
+                   for t in psutil.Process(pid).threads()):
+                return
+        except psutil.NoSuchProcess:  # a thread that exited meanwhile: look again
+            pass
         time.sleep(0.01)
     raise AssertionError(f"pid {pid} did not stop within {deadline_s} s")
 
