@@ -22,8 +22,8 @@ need no ``warmstart`` and each measures its own random-valid and base rows. ``--
 (levels with several rooms, doors and keys; horizons 3 -> 6 -> 9) and ``--env textcraft-base``
 (recipes of depth 2-3 with the inventory shown; 5 -> 10 -> 20) are the same from-base comparison
 where the horizon matters more (``configs/ablation/<env>.yaml`` say why). ``--env
-babyai-hard-warm`` is babyai-hard from one SFT warm start (``warmstart --env babyai-hard-warm``
-first; ``WARM_SFT``).
+babyai-hard-warm`` and ``--env textcraft-warm`` are babyai-hard and textcraft-base from one SFT
+warm start each (``warmstart --env <env>`` first; ``WARM_SFT``).
 
 Run ids are fixed by (env, schedule, seed), so re-running a killed command resumes it. Runs use
 ``config_path(env)``: ``configs/ablation/<env>.yaml``, or the quickstart's for babyai-base. The warm start is an ``agentgym train`` run with one RL
@@ -59,25 +59,31 @@ SCHEDULES = {
 }
 #: (short, middle, long) horizons; held-out episodes get the long one
 HORIZONS = {"babyai": (3, 6, 12), "textcraft": (5, 10, 20), "babyai-base": (2, 3, 5), "babyai-hard": (3, 6, 9),
-            "textcraft-base": (5, 10, 20), "babyai-hard-warm": (3, 6, 9)}
+            "textcraft-base": (5, 10, 20), "babyai-hard-warm": (3, 6, 9), "textcraft-warm": (5, 10, 20)}
 #: held-out evaluation after every stage (True) or after the run's last stage only: a TextCraft
 #: evaluation is 30 tasks x up to 20 turns (6-8 min here), three of them would double a run
 EVERY_STAGE = {"babyai": True, "textcraft": False, "babyai-base": True, "babyai-hard": True, "textcraft-base": True,
-               "babyai-hard-warm": True}
+               "babyai-hard-warm": True, "textcraft-warm": True}
 #: RL from the base model itself: no warm start, every run evaluates the base model too
 FROM_BASE = {"babyai-base": "smollm2", "babyai-hard": "smollm2", "textcraft-base": "smollm2"}
 #: environments whose runs use a shipped config instead of configs/ablation/<env>.yaml
-CONFIGS = {"babyai-base": "configs/quickstart.yaml", "babyai-hard-warm": "configs/ablation/babyai-hard.yaml"}
+CONFIGS = {"babyai-base": "configs/quickstart.yaml", "babyai-hard-warm": "configs/ablation/babyai-hard.yaml",
+           "textcraft-warm": "configs/ablation/textcraft-base.yaml"}
 #: the warm start's SFT settings where the config has none of its own: babyai-hard-warm is the
 #: babyai-hard comparison from one warm start (the babyai ablation's SFT recipe, 64 expert
 #: demonstrations of at most 20 turns, 2 epochs). The scripted expert solves about a fifth of the
 #: hard levels' attempts (53 of 256), so it gets 8 attempts per demonstration instead of 4.
 WARM_SFT = {"babyai-hard-warm": ["sft.episodes=64", "sft.heldout_episodes=8", "sft.epochs=2",
                                  "sft.batch_size=4", "sft.learning_rate=3e-4",
-                                 "sft.attempts_per_episode=8"]}
+                                 "sft.attempts_per_episode=8"],
+            # textcraft-warm is textcraft-base from one warm start: the TextCraft ablation's SFT
+            # recipe (96 expert demonstrations of at most 30 turns, 3 epochs at 3e-4)
+            "textcraft-warm": ["sft.episodes=96", "sft.heldout_episodes=16", "sft.horizon=30", "sft.epochs=3",
+                               "sft.batch_size=8", "sft.learning_rate=3e-4"]}
 ITERATIONS = 6
 #: default RL iterations of a run, per environment (divisible by 3)
-DEFAULT_ITERATIONS = {"babyai-base": 51, "babyai-hard": 51, "textcraft-base": 51, "babyai-hard-warm": 51}
+DEFAULT_ITERATIONS = {"babyai-base": 51, "babyai-hard": 51, "textcraft-base": 51, "babyai-hard-warm": 51,
+                      "textcraft-warm": 51}
 #: held-out tasks replacing the config's ``envs.0.eval_tasks`` (None: the config's own). For
 #: babyai-base: the quickstart's 7 GoTo levels at minigrid seeds 100-109, the first 64 (the
 #: quickstart's 32 held-out tasks are the first 32 of them); training uses seeds 0-5.
