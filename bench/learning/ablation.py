@@ -30,8 +30,9 @@ Run ids are fixed by (env, schedule, seed), so re-running a killed command resum
 iteration (the pipeline has no zero-iteration stage); its held-out table gives the random-valid,
 base and after-SFT rows at the ablation's held-out horizon, and its SFT checkpoint is the
 ``model.name_or_path`` of every RL run (which then skips SFT and the base evaluation).
-``report`` reads MLflow (``sqlite:///mlflow-ablation.db``) and writes
-``docs/results/ablation-<env>.png`` (held-out success against environment steps and against
+``report`` adds what MLflow (``sqlite:///mlflow-ablation.db``) holds of the finished runs to the
+committed records ``docs/results/ablation-runs/<env>.json`` (``run_records.py``: runs made on an
+earlier machine stay in them), and from those writes ``docs/results/ablation-<env>.png`` (held-out success against environment steps and against
 wall time, train reward, turns per episode, format errors and invalid actions) and Markdown
 tables to stdout: per schedule the final held-out success per seed, and 95 % bootstrap intervals
 of each schedule's mean and of ScalingInter-RL minus each fixed schedule, paired on the held-out
@@ -274,87 +275,138 @@ def _interval_rows(per_arm: dict[str, list[dict[int, float]]]) -> list[str]:
     return rows
 
 
+def _collect(client, env: str, horizons: tuple[int, int, int]) -> tuple[dict | None, dict[str, dict]]:
+    """What MLflow holds of ``env`` now, as ``run_records``: the start (its fingerprint and the
+    rows before RL) and every finished run's record."""
+    from datetime import datetime, timezone
+
+    from run_records import weights_fingerprint
+
+    runs, warm = _runs(client, env)
+    if not runs and warm is None:
+        return None, {}
+    # the rows before RL: the warm start's run, or (from the base model) any run's own
+    wm = warm.data.metrics if warm is not None else runs[0]["run"].data.metrics
+    if env in FROM_BASE:
+        fingerprint = FROM_BASE[env]
+    else:
+        folder = warm_start_folder(env)
+        fingerprint = weights_fingerprint(folder) if folder is not None else None
+    start = {"fingerprint": fingerprint,
+             "random_valid": wm.get("heldout/random-valid/overall/avg_at_1"),
+             "base": wm.get("heldout/base/overall/greedy_at_1"),
+             "after_sft": None if env in FROM_BASE else wm.get("heldout/sft/overall/greedy_at_1")}
+    records = {}
+    for r in runs:
+        c = _curve(client, r["run"], r["schedule"], horizons)
+        per_task = _final_successes(client, r["run"], r["schedule"], horizons)
+        ended = r["run"].info.end_time or r["run"].info.start_time
+        records[r["run_id"]] = {
+            "schedule": r["schedule"], "variant": r["variant"], "seed": r["seed"], "start": fingerprint,
+            "date": datetime.fromtimestamp(ended / 1000, timezone.utc).strftime("%Y-%m-%d"),
+            "per_task": {str(k): v for k, v in per_task.items()} if per_task else None,
+            "curve": {k: [float(x) for x in v] for k, v in c.items() if k not in ("heldout", "wall")}
+            | {"heldout": [[float(x) for x in h] for h in c["heldout"]], "wall": float(c["wall"])}}
+    return start, records
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    from mlflow.tracking import MlflowClient
+    from run_records import load_records, merge, save_records
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per held-out report
+    client = MlflowClient(tracking_uri=tracking_uri())
+    for env, horizons in HORIZONS.items():
+        start, found = _collect(client, env, horizons)
+        old = load_records(ROOT, env)
+        if start is None and not old["runs"]:
+            continue
+        data = merge(old, start, found)
+        save_records(ROOT, env, data)
+        path = _render(env, horizons, data)
+        _, warm = _runs(client, env)
+        if warm is not None:
+            client.log_artifact(warm.info.run_id, str(path), "ablation")
+    return 0
+
+
+def _render(env: str, horizons: tuple[int, int, int], data: dict) -> Path:
+    """Print ``env``'s tables and write its figure, from its run records (``run_records``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from mlflow.tracking import MlflowClient
+    from run_records import comparable
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per held-out report
-    client = MlflowClient(tracking_uri=tracking_uri())
+    nan = float("nan")
+    start = data["start"] or {}
+    runs, others = comparable(data)
+    sft = start.get("base" if env in FROM_BASE else "after_sft")
+    sft = nan if sft is None else sft
+    random_valid = nan if start.get("random_valid") is None else start["random_valid"]
+    base = nan if start.get("base") is None else start["base"]
+    print(f"\n### {env} (held-out greedy success, horizon {horizons[2]})\n")
+    print(f"random-valid (mean of seeds) {random_valid:.3f}, base {base:.3f}"
+          + ("" if env in FROM_BASE else f", after SFT {sft:.3f}") + "\n")
+    if others:
+        print(f"Left out, recorded from another start than the current one: {', '.join(others)}\n")
+    print("| schedule | horizons | seeds | after RL (mean ± sd) | per seed | env steps | wall min |")
+    print("|---|---|---|---|---|---|---|")
+    fig, axes = plt.subplots(1, 5, figsize=(25, 4))
+    for ax in axes[:2]:
+        ax.axhline(sft, color="grey", ls="--", lw=1, label="base" if env in FROM_BASE else "after SFT")
+        ax.axhline(random_valid, color="grey", ls=":", lw=1, label="random valid")
+    per_arm: dict[str, list[dict[int, float]]] = {}
+    for schedule, variant in [(s, v) for v in ("", *VARIANTS) for s in SCHEDULES]:
+        mine = sorted((r for r in runs.values() if (r["schedule"], r["variant"]) == (schedule, variant)),
+                      key=lambda r: r["seed"])
+        if not mine:
+            continue
+        name = arm(schedule, variant)
+        finals, steps, walls = [], [], []
+        for r in mine:
+            if r["per_task"]:
+                per_arm.setdefault(name, []).append({int(k): v for k, v in r["per_task"].items()})
+            c = r["curve"]
+            lab = f"{name} s{r['seed']}"
+            if c["heldout"]:
+                finals.append(c["heldout"][-1][2])
+                xs = [0.0] + [h[0] for h in c["heldout"]]
+                ts = [0.0] + [h[1] for h in c["heldout"]]
+                ys = [sft] + [h[2] for h in c["heldout"]]
+                # a one-stage schedule is evaluated once, at its end: a point, not a line from the start
+                one = len(c["heldout"]) == 1
+                first, ls = (1, "none") if one else (0, "-")
+                axes[0].plot(xs[first:], ys[first:], marker="o", ls=ls, label=lab)
+                axes[1].plot(ts[first:], ys[first:], marker="o", ls=ls, label=lab)
+            steps.append(c["steps"][-1] if c["steps"] else 0.0)
+            walls.append(c["wall"])
+            axes[2].plot(c["steps"], c["reward"], label=lab)
+            axes[3].plot(range(1, len(c["turns"]) + 1), c["turns"], label=lab)
+            line = axes[4].plot(range(1, len(c["format"]) + 1), c["format"], label=f"{lab} format")
+            axes[4].plot(range(1, len(c["invalid"]) + 1), c["invalid"], ls="--", color=line[0].get_color(),
+                         label=f"{lab} invalid action")
+        sched = " → ".join(str(s["horizon"]) for s in SCHEDULES[schedule](horizons, ITERATIONS))
+        spread = f"{np.mean(finals):.3f} ± {np.std(finals):.3f}" if len(finals) > 1 else \
+            (f"{finals[0]:.3f}" if finals else "-")
+        print(f"| {name} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
+              f"{np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
+    print("\n".join(_interval_rows(per_arm)))
+    titles = ("held-out success vs env steps", "held-out success vs wall minutes",
+              "train reward vs env steps", "turns per episode vs iteration",
+              "format-error / invalid-action rate vs iteration")
+    for ax, title in zip(axes, titles):
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
     out_dir = ROOT / "docs" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for env, horizons in HORIZONS.items():
-        runs, warm = _runs(client, env)
-        if not runs and warm is None:
-            continue
-        # the rows before RL: the warm start's run, or (from the base model) any run's own
-        wm = warm.data.metrics if warm is not None else runs[0]["run"].data.metrics
-        start_label = "base" if env in FROM_BASE else "sft"
-        sft = wm.get(f"heldout/{start_label}/overall/greedy_at_1", float("nan"))
-        print(f"\n### {env} (held-out greedy success, horizon {horizons[2]})\n")
-        print(f"random-valid (mean of seeds) {wm.get('heldout/random-valid/overall/avg_at_1', float('nan')):.3f}, "
-              f"base {wm.get('heldout/base/overall/greedy_at_1', float('nan')):.3f}"
-              + ("" if env in FROM_BASE else f", after SFT {sft:.3f}") + "\n")
-        print("| schedule | horizons | seeds | after RL (mean ± sd) | per seed | env steps | wall min |")
-        print("|---|---|---|---|---|---|---|")
-        fig, axes = plt.subplots(1, 5, figsize=(25, 4))
-        for ax in axes[:2]:
-            ax.axhline(sft, color="grey", ls="--", lw=1, label="base" if env in FROM_BASE else "after SFT")
-            ax.axhline(wm.get("heldout/random-valid/overall/avg_at_1", float("nan")), color="grey", ls=":",
-                       lw=1, label="random valid")
-        per_arm: dict[str, list[dict[int, float]]] = {}
-        for schedule, variant in [(s, v) for v in ("", *VARIANTS) for s in SCHEDULES]:
-            mine = sorted((r for r in runs if (r["schedule"], r["variant"]) == (schedule, variant)),
-                          key=lambda r: r["seed"])
-            if not mine:
-                continue
-            name = arm(schedule, variant)
-            finals, steps, walls = [], [], []
-            for r in mine:
-                per_task = _final_successes(client, r["run"], schedule, horizons)
-                if per_task:
-                    per_arm.setdefault(name, []).append(per_task)
-                c = _curve(client, r["run"], schedule, horizons)
-                lab = f"{name} s{r['seed']}"
-                if c["heldout"]:
-                    finals.append(c["heldout"][-1][2])
-                    xs = [0.0] + [h[0] for h in c["heldout"]]
-                    ts = [0.0] + [h[1] for h in c["heldout"]]
-                    ys = [sft] + [h[2] for h in c["heldout"]]
-                    # a one-stage schedule is evaluated once, at its end: a point, not a line from the start
-                    one = len(c["heldout"]) == 1
-                    first, ls = (1, "none") if one else (0, "-")
-                    axes[0].plot(xs[first:], ys[first:], marker="o", ls=ls, label=lab)
-                    axes[1].plot(ts[first:], ys[first:], marker="o", ls=ls, label=lab)
-                steps.append(float(c["steps"][-1]) if len(c["steps"]) else 0.0)
-                walls.append(c["wall"])
-                axes[2].plot(c["steps"], c["reward"], label=lab)
-                axes[3].plot(range(1, len(c["turns"]) + 1), c["turns"], label=lab)
-                line = axes[4].plot(range(1, len(c["format"]) + 1), c["format"], label=f"{lab} format")
-                axes[4].plot(range(1, len(c["invalid"]) + 1), c["invalid"], ls="--", color=line[0].get_color(),
-                             label=f"{lab} invalid action")
-            sched = " → ".join(str(s["horizon"]) for s in SCHEDULES[schedule](horizons, ITERATIONS))
-            spread = f"{np.mean(finals):.3f} ± {np.std(finals):.3f}" if len(finals) > 1 else \
-                (f"{finals[0]:.3f}" if finals else "-")
-            print(f"| {name} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
-                  f"{np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
-        print("\n".join(_interval_rows(per_arm)))
-        titles = ("held-out success vs env steps", "held-out success vs wall minutes",
-                  "train reward vs env steps", "turns per episode vs iteration",
-                  "format-error / invalid-action rate vs iteration")
-        for ax, title in zip(axes, titles):
-            ax.set_title(title)
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"ablation-{env}.png"
-        fig.savefig(path, dpi=80)
-        if warm is not None:
-            client.log_artifact(warm.info.run_id, str(path), "ablation")
-        print(f"\n![{env}](results/ablation-{env}.png)")
-    return 0
+    path = out_dir / f"ablation-{env}.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    print(f"\n![{env}](results/ablation-{env}.png)")
+    return path
 
 
 def main() -> int:

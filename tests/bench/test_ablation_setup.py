@@ -80,3 +80,57 @@ def test_a_variant_changes_only_its_section(variant, tmp_path):
     assert rid not in {ablation.run_id("babyai-base", s, 0) for s in ablation.SCHEDULES}
     rows = ablation._interval_rows({"scaling": [{0: 1.0, 1: 0.0}], ablation.arm("scaling", variant): [{0: 1.0, 1: 1.0}]})
     assert any(r.startswith(f"| scaling + {variant} − scaling | +0.500") for r in rows)
+
+
+def _record(schedule: str, seed: int, start: str, success: float) -> dict:
+    heldout = [[100.0 * (i + 1), 2.0 * (i + 1), success] for i in range(3 if schedule == "scaling" else 1)]
+    return {"schedule": schedule, "variant": "", "seed": seed, "start": start, "date": "2026-12-05",
+            "per_task": {str(t): float(t < 64 * success) for t in range(64)},
+            "curve": {"steps": [10.0, 20.0], "minutes": [1.0, 2.0], "turns": [5.0, 5.0], "reward": [0.1, 0.2],
+                      "format": [0.0, 0.0], "invalid": [0.3, 0.2], "heldout": heldout, "wall": 3.0}}
+
+
+def test_run_records_keep_earlier_machines_runs_and_only_compare_one_start(tmp_path):
+    import run_records
+
+    old = run_records.load_records(tmp_path, "textcraft-warm")
+    assert old["runs"] == {} and old["start"] is None
+    start = {"fingerprint": "sha256:a", "random_valid": 0.27, "base": 0.0, "after_sft": 0.047}
+    first = run_records.merge(old, start, {"r-s0": _record("scaling", 0, "sha256:a", 0.5)})
+    run_records.save_records(tmp_path, "textcraft-warm", first)
+    # the next machine's MLflow holds only its own run; the committed one stays
+    again = run_records.merge(run_records.load_records(tmp_path, "textcraft-warm"), None,
+                              {"r-s1": _record("scaling", 1, "sha256:a", 0.25),
+                               "x-s0": _record("short", 0, "sha256:b", 0.9)})
+    assert set(again["runs"]) == {"r-s0", "r-s1", "x-s0"} and again["start"] == start
+    keep, others = run_records.comparable(again)
+    assert set(keep) == {"r-s0", "r-s1"} and others == ["x-s0"]
+
+
+def test_the_report_renders_from_the_committed_records_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ablation, "ROOT", tmp_path)
+    data = {"version": 1, "env": "textcraft-warm", "runs": {
+        "a": _record("scaling", 0, "sha256:a", 0.5), "b": _record("scaling", 1, "sha256:a", 0.25),
+        "c": _record("short", 0, "sha256:a", 0.125), "d": _record("long", 0, "sha256:other", 1.0)},
+        "start": {"fingerprint": "sha256:a", "random_valid": 0.27, "base": 0.0, "after_sft": 0.047}}
+    path = ablation._render("textcraft-warm", ablation.HORIZONS["textcraft-warm"], data)
+    out = capsys.readouterr().out
+    assert path.exists() and path.parent == tmp_path / "docs" / "results"
+    assert "after SFT 0.047" in out and "Left out, recorded from another start than the current one: d" in out
+    assert "| scaling | 5 → 10 → 20 | 2 | 0.375 ± 0.125 | 0.500, 0.250 |" in out
+    assert "| scaling − short | +0.250 |" in out and "| long" not in out
+
+
+def test_a_weights_fingerprint_changes_with_the_weights(tmp_path):
+    import run_records
+
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 10)
+    (tmp_path / "config.json").write_text("{}")
+    a = run_records.weights_fingerprint(tmp_path)
+    (tmp_path / "config.json").write_text('{"x": 1}')
+    assert run_records.weights_fingerprint(tmp_path) == a
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 9 + b"\x01")
+    assert run_records.weights_fingerprint(tmp_path) != a
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no .*weight files"):
+        run_records.weights_fingerprint(tmp_path / "empty")
