@@ -323,6 +323,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             continue
         data = merge(old, start, found)
         save_records(ROOT, env, data)
+        if not data["runs"]:  # only the start so far: keep the figure an earlier machine's runs drew
+            continue
         path = _render(env, horizons, data)
         _, warm = _runs(client, env)
         if warm is not None:
