@@ -275,16 +275,16 @@ def _interval_rows(per_arm: dict[str, list[dict[int, float]]]) -> list[str]:
     return rows
 
 
-def _collect(client, env: str, horizons: tuple[int, int, int]) -> tuple[dict | None, dict[str, dict]]:
+def _collect(client, env: str, horizons: tuple[int, int, int]) -> tuple[dict | None, dict[str, dict], object | None]:
     """What MLflow holds of ``env`` now, as ``run_records``: the start (its fingerprint and the
-    rows before RL) and every finished run's record."""
+    rows before RL), every finished run's record, and the warm start's MLflow run (None: none)."""
     from datetime import datetime, timezone
 
     from run_records import weights_fingerprint
 
     runs, warm = _runs(client, env)
     if not runs and warm is None:
-        return None, {}
+        return None, {}, None
     # the rows before RL: the warm start's run, or (from the base model) any run's own
     wm = warm.data.metrics if warm is not None else runs[0]["run"].data.metrics
     if env in FROM_BASE:
@@ -307,7 +307,7 @@ def _collect(client, env: str, horizons: tuple[int, int, int]) -> tuple[dict | N
             "per_task": {str(k): v for k, v in per_task.items()} if per_task else None,
             "curve": {k: [float(x) for x in v] for k, v in c.items() if k not in ("heldout", "wall")}
             | {"heldout": [[float(x) for x in h] for h in c["heldout"]], "wall": float(c["wall"])}}
-    return start, records
+    return start, records, warm
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -317,7 +317,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per held-out report
     client = MlflowClient(tracking_uri=tracking_uri())
     for env, horizons in HORIZONS.items():
-        start, found = _collect(client, env, horizons)
+        start, found, warm = _collect(client, env, horizons)
         old = load_records(ROOT, env)
         if start is None and not old["runs"]:
             continue
@@ -326,7 +326,6 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not data["runs"]:  # only the start so far: keep the figure an earlier machine's runs drew
             continue
         path = _render(env, horizons, data)
-        _, warm = _runs(client, env)
         if warm is not None:
             client.log_artifact(warm.info.run_id, str(path), "ablation")
     return 0
