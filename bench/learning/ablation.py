@@ -32,9 +32,9 @@ base and after-SFT rows at the ablation's held-out horizon, and its SFT checkpoi
 ``model.name_or_path`` of every RL run (which then skips SFT and the base evaluation).
 ``report`` adds what MLflow (``sqlite:///mlflow-ablation.db``) holds of the finished runs to the
 committed records ``docs/results/ablation-runs/<env>.json`` (``run_records.py``: runs made on an
-earlier machine stay in them), and from those writes ``docs/results/ablation-<env>.png`` (held-out success against environment steps and against
-wall time, train reward, turns per episode, format errors and invalid actions) and Markdown
-tables to stdout: per schedule the final held-out success per seed, and 95 % bootstrap intervals
+earlier machine stay in them), and from those writes ``docs/results/ablation-<env>.png``
+(held-out success against environment steps and against wall time, train reward, turns per
+episode, format errors and invalid actions) and Markdown tables to stdout: per schedule the final held-out success per seed, and 95 % bootstrap intervals
 of each schedule's mean and of ScalingInter-RL minus each fixed schedule, paired on the held-out
 tasks (``bootstrap.py``).
 """
@@ -291,7 +291,9 @@ def _collect(client, env: str, horizons: tuple[int, int, int]) -> tuple[dict | N
         fingerprint = FROM_BASE[env]
     else:
         folder = warm_start_folder(env)
-        fingerprint = weights_fingerprint(folder) if folder is not None else None
+        if folder is None:  # the warm start is unfinished: its runs cannot be either
+            return None, {}, warm
+        fingerprint = weights_fingerprint(folder)
     start = {"fingerprint": fingerprint,
              "random_valid": wm.get("heldout/random-valid/overall/avg_at_1"),
              "base": wm.get("heldout/base/overall/greedy_at_1"),
@@ -340,13 +342,10 @@ def _render(env: str, horizons: tuple[int, int, int], data: dict) -> Path:
     import numpy as np
     from run_records import comparable
 
-    nan = float("nan")
     start = data["start"] or {}
     runs, others = comparable(data)
-    sft = start.get("base" if env in FROM_BASE else "after_sft")
-    sft = nan if sft is None else sft
-    random_valid = nan if start.get("random_valid") is None else start["random_valid"]
-    base = nan if start.get("base") is None else start["base"]
+    sft, random_valid, base = (float("nan") if start.get(k) is None else start[k]
+                               for k in ("base" if env in FROM_BASE else "after_sft", "random_valid", "base"))
     print(f"\n### {env} (held-out greedy success, horizon {horizons[2]})\n")
     print(f"random-valid (mean of seeds) {random_valid:.3f}, base {base:.3f}"
           + ("" if env in FROM_BASE else f", after SFT {sft:.3f}") + "\n")
