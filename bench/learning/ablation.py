@@ -33,8 +33,10 @@ base and after-SFT rows at the ablation's held-out horizon, and its SFT checkpoi
 ``report`` adds what MLflow (``sqlite:///mlflow-ablation.db``) holds of the finished runs to the
 committed records ``docs/results/ablation-runs/<env>.json`` (``run_records.py``: runs made on an
 earlier machine stay in them), and from those writes ``docs/results/ablation-<env>.png``
-(held-out success against environment steps and against wall time, train reward, turns per
-episode, format errors and invalid actions) and Markdown tables to stdout: per schedule the final held-out success per seed, and 95 % bootstrap intervals
+(held-out success against environment steps and against minutes of running, which leave out the
+pause of a run resumed in a later session; train reward, turns per episode, format errors and
+invalid actions) and Markdown tables to stdout: per schedule the final held-out success per seed,
+and 95 % bootstrap intervals
 of each schedule's mean and of ScalingInter-RL minus each fixed schedule, paired on the held-out
 tasks (``bootstrap.py``).
 """
@@ -210,9 +212,37 @@ def _runs(client, env: str) -> tuple[list[dict], object | None]:
     return out, warm
 
 
+def running_minutes(start_ms: int, end_ms: int | None, stamps_ms: list[int],
+                    expected_s: list[float], tail_s: float) -> tuple[list[float], float]:
+    """Minutes a run spent running at the end of each iteration, and in all, without the pauses of
+    a run killed in one session and resumed in a later one.
+
+    ``stamps_ms[i]``: when iteration ``i``'s metrics were logged (MLflow, ms); ``expected_s[i]``:
+    the seconds the pipeline measured for iteration ``i`` (rollout, advantages, update) plus the
+    held-out evaluation that ran before it; ``tail_s``: the evaluation after the last iteration.
+    A gap between two stamps far above what the pipeline measured for it (more than 1.5 times plus
+    2 minutes) held a pause: it counts the measured seconds instead. Overlapping phases (async RL)
+    keep their gaps, which are shorter than the sum of their parts. ``end_ms`` None: unfinished
+    (total NaN)."""
+    out, total, prev = [], 0.0, start_ms
+    for stamp, expected in zip(stamps_ms, expected_s):
+        total += _gap_s(stamp - prev, expected)
+        out.append(total / 60)
+        prev = stamp
+    if end_ms is None:
+        return out, float("nan")
+    return out, (total + _gap_s(end_ms - prev, tail_s)) / 60
+
+
+def _gap_s(gap_ms: float, expected_s: float) -> float:
+    gap_s = gap_ms / 1000
+    return float(expected_s) if gap_s > 1.5 * expected_s + 120 else gap_s
+
+
 def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
-    """Per-iteration train metrics, cumulative environment steps and minutes, and the held-out
-    success at the end of each stage placed at that stage's last iteration."""
+    """Per-iteration train metrics, cumulative environment steps and running minutes
+    (``running_minutes``), and the held-out success at the end of each stage placed at that
+    stage's last iteration."""
     import numpy as np
 
     rid = run.info.run_id
@@ -221,9 +251,23 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
     turns = [x.value for x in hist["turns_per_episode"]]
     eps = [x.value for x in hist["episodes"]]
     steps = np.cumsum([t * e for t, e in zip(turns, eps)])
-    minutes = [(x.timestamp - run.info.start_time) / 60000 for x in hist["reward_mean"]]
     stage_ends = np.cumsum([s["iterations"] for s in SCHEDULES[schedule](horizons, len(turns))]) - 1
     m = run.data.metrics
+    # the seconds the pipeline measured per iteration, the held-out evaluation of a stage counted
+    # in the gap after that stage's last iteration
+    phases = ("rollout_seconds", "update_seconds", "time/advantages_compute_s",
+              "time/advantages_store_read_s", "time/advantages_store_write_s")
+    measured = np.zeros(len(turns) + 1)
+    for key in phases:
+        for x in client.get_metric_history(rid, key):
+            if x.step < len(turns):
+                measured[x.step] += x.value
+    for i, end in enumerate(stage_ends):
+        if end < len(turns):
+            measured[end + 1] += m.get(f"heldout/stage-{i}/seconds", 0.0)
+    minutes, wall = running_minutes(run.info.start_time, run.info.end_time,
+                                    [x.timestamp for x in hist["reward_mean"]],
+                                    list(measured[:len(turns)]), float(measured[len(turns)]))
     held = []
     for i, end in enumerate(stage_ends):
         key = f"heldout/stage-{i}/overall/greedy_at_1"
@@ -231,8 +275,7 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
             held.append((float(steps[end]), minutes[end], m[key]))
     return {"steps": steps, "minutes": minutes, "turns": turns, "reward": [x.value for x in hist["reward_mean"]],
             "format": [x.value for x in hist["format_error_rate"]],
-            "invalid": [x.value for x in hist["invalid_action_rate"]], "heldout": held,
-            "wall": (run.info.end_time - run.info.start_time) / 60000 if run.info.end_time else float("nan")}
+            "invalid": [x.value for x in hist["invalid_action_rate"]], "heldout": held, "wall": wall}
 
 
 def _final_successes(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict[int, float] | None:
@@ -351,7 +394,7 @@ def _render(env: str, horizons: tuple[int, int, int], data: dict) -> Path:
           + ("" if env in FROM_BASE else f", after SFT {sft:.3f}") + "\n")
     if others:
         print(f"Left out, recorded from another start than the current one: {', '.join(others)}\n")
-    print("| schedule | horizons | seeds | after RL (mean ± sd) | per seed | env steps | wall min |")
+    print("| schedule | horizons | seeds | after RL (mean ± sd) | per seed | env steps | min running |")
     print("|---|---|---|---|---|---|---|")
     fig, axes = plt.subplots(1, 5, figsize=(25, 4))
     for ax in axes[:2]:
@@ -393,7 +436,7 @@ def _render(env: str, horizons: tuple[int, int, int], data: dict) -> Path:
         print(f"| {name} | {sched} | {len(mine)} | {spread} | {', '.join(f'{x:.3f}' for x in finals)} | "
               f"{np.mean(steps):.0f} | {np.nanmean(walls):.1f} |")
     print("\n".join(_interval_rows(per_arm)))
-    titles = ("held-out success vs env steps", "held-out success vs wall minutes",
+    titles = ("held-out success vs env steps", "held-out success vs minutes running",
               "train reward vs env steps", "turns per episode vs iteration",
               "format-error / invalid-action rate vs iteration")
     for ax, title in zip(axes, titles):
