@@ -148,7 +148,7 @@ def _print_summary(result: dict, seconds: float) -> None:
               f"run {result['mlflow_run_id']}); UI: mlflow ui --backend-store-uri {result['tracking_uri']}")
     out.print(f"checkpoint:    {result['stages'][-1]['checkpoint'] if result['stages'] else '-'}")
     if result.get("learning_curve"):
-        out.print(f"learning curve: {result['learning_curve']} (held-out success vs env steps and wall time)")
+        out.print(f"learning curve: {result['learning_curve']} (held-out success vs env steps and minutes of running)")
     out.print("turns table:   python -c \"import pandas as pd; "
               f"print(pd.read_parquet('{result['store']}/turns'))\"")
 

@@ -104,7 +104,7 @@ def publish_comparison(run_id: str, results: dict[str, dict[str, Any]], link: st
 @task(name="publish_learning_curve", cache_policy=NO_CACHE)
 def publish_learning_curve(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> str:
     """Draw the run's learning curve so far (held-out success against RL environment steps and
-    wall minutes, beside the random-valid baseline) and log it as the pipeline run's artifact
+    minutes of running, beside the random-valid baseline) and log it as the pipeline run's artifact
     ``learning_curve.png``; returns its URI. Redrawn after every held-out evaluation."""
     import tempfile
 

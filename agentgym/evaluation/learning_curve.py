@@ -1,8 +1,10 @@
-"""The learning curve of a pipeline run: held-out success against environment steps and wall time.
+"""The learning curve of a pipeline run: held-out success against environment steps and minutes
+of running.
 
 Built from what the run logged to MLflow (so a resumed run draws its whole history): the
 iteration metrics ``episodes`` and ``turns_per_episode`` give the environment steps played up to
-each global step, their timestamps the wall time since the run started, and the held-out results
+each global step, their timestamps the minutes of running (``running_minutes``: without the
+pause of a run killed in one session and resumed in a later one), and the held-out results
 (``heldout/<label>/overall/greedy_at_1``) are placed at the step where their policy stopped
 training (base and SFT at 0 environment steps of RL, ``stage-k`` at the end of stage k).
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 @dataclass
 class CurvePoint:
     """One held-out evaluation: ``label`` (base, sft, stage-0, ...), its success, and the RL
-    environment steps and wall minutes at which its policy was taken."""
+    environment steps and minutes of running at which its policy was taken."""
 
     label: str
     success: float
@@ -29,7 +31,7 @@ class LearningCurve:
     """Per-iteration training numbers and the held-out points of one run."""
 
     env_steps: list[float] = field(default_factory=list)  # cumulative, per global step
-    minutes: list[float] = field(default_factory=list)  # wall minutes since the run started
+    minutes: list[float] = field(default_factory=list)  # minutes of running (``running_minutes``)
     train_success: list[float] = field(default_factory=list)  # sampled success per iteration
     heldout: list[CurvePoint] = field(default_factory=list)
     random_valid: float | None = None  # the random-valid-action baseline on the same tasks
@@ -42,11 +44,59 @@ class LearningCurve:
         return self.env_steps[i], self.minutes[i]
 
 
+#: the per-iteration phases the pipeline times (seconds), which together make an iteration
+ITERATION_PHASES = ("rollout_seconds", "update_seconds", "time/advantages_compute_s",
+                    "time/advantages_store_read_s", "time/advantages_store_write_s")
+
+
+def running_minutes(start_ms: int, end_ms: int | None, stamps_ms: list[int],
+                    expected_s: list[float], tail_s: float) -> tuple[list[float], float]:
+    """Minutes a run spent running at the end of each iteration, and in all, without the pauses of
+    a run killed in one session and resumed in a later one.
+
+    ``stamps_ms[i]``: when iteration ``i``'s metrics were logged (MLflow, ms); ``expected_s[i]``:
+    the seconds the pipeline measured for iteration ``i`` plus the held-out evaluation that ran
+    before it (``measured_seconds``); ``tail_s``: the evaluation after the last iteration. A gap
+    between two stamps far above what the pipeline measured for it (more than 1.5 times plus 2
+    minutes) held a pause: it counts the measured seconds instead. Overlapping phases (async RL)
+    keep their gaps, which are shorter than the sum of their parts. ``end_ms`` None: the run has
+    not ended (total NaN)."""
+    out, total, prev = [], 0.0, start_ms
+    for stamp, expected in zip(stamps_ms, expected_s):
+        total += _gap_s(stamp - prev, expected)
+        out.append(total / 60)
+        prev = stamp
+    if end_ms is None:
+        return out, float("nan")
+    return out, (total + _gap_s(end_ms - prev, tail_s)) / 60
+
+
+def _gap_s(gap_ms: float, expected_s: float) -> float:
+    gap_s = gap_ms / 1000
+    return float(expected_s) if gap_s > 1.5 * expected_s + 120 else gap_s
+
+
+def measured_seconds(client, mlflow_run_id: str, iterations: int, stage_ends: list[int]) -> list[float]:
+    """Seconds the pipeline measured before each of ``iterations`` iterations' metrics were logged
+    and one more entry for after the last: the iteration's phases (``ITERATION_PHASES``) plus the
+    held-out evaluation of a stage, counted after the stage's last iteration (``stage_ends[k]``:
+    the global step count at the end of stage k)."""
+    out = [0.0] * (iterations + 1)
+    for key in ITERATION_PHASES:
+        for m in client.get_metric_history(mlflow_run_id, key):
+            if 0 <= m.step < iterations:
+                out[m.step] += m.value
+    metrics = client.get_run(mlflow_run_id).data.metrics
+    for k, end in enumerate(stage_ends):
+        if 0 < end <= iterations:
+            out[end] += metrics.get(f"heldout/stage-{k}/seconds", 0.0)
+    return out
+
+
 def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCurve:
     """Read a pipeline run's curve from MLflow. ``stage_ends[k]`` is the global step count at the
     end of stage k (``schedule.stage_start(stages, k + 1)``)."""
     run = client.get_run(mlflow_run_id)
-    start = run.info.start_time
 
     def history(key: str) -> dict[int, tuple[float, int]]:
         return {m.step: (m.value, m.timestamp) for m in client.get_metric_history(mlflow_run_id, key)}
@@ -54,11 +104,14 @@ def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCu
     episodes, turns, success = history("episodes"), history("turns_per_episode"), history("success_rate")
     curve = LearningCurve()
     total = 0.0
-    for step in sorted(set(episodes) & set(turns)):
+    steps = sorted(set(episodes) & set(turns))
+    for step in steps:
         total += episodes[step][0] * turns[step][0]
         curve.env_steps.append(total)
-        curve.minutes.append((turns[step][1] - start) / 60000)
         curve.train_success.append(success.get(step, (float("nan"), 0))[0])
+    expected = measured_seconds(client, mlflow_run_id, len(steps), stage_ends)
+    curve.minutes, _ = running_minutes(run.info.start_time, run.info.end_time,
+                                       [turns[step][1] for step in steps], expected[:-1], expected[-1])
     metrics = run.data.metrics
     curve.random_valid = metrics.get("heldout/random-valid/overall/avg_at_1")
     for label in ["base", "sft"] + [f"stage-{k}" for k in range(len(stage_ends))]:
@@ -74,7 +127,7 @@ def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCu
 
 
 def plot(curve: LearningCurve, path: str | Path, title: str) -> Path:
-    """Three panels -- held-out success against RL environment steps and against wall minutes
+    """Three panels -- held-out success against RL environment steps and against minutes of running
     (with the random-valid baseline), and train success per iteration -- saved as a PNG."""
     import matplotlib
 
@@ -82,7 +135,7 @@ def plot(curve: LearningCurve, path: str | Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    xs = {"env steps": [p.env_steps for p in curve.heldout], "wall minutes": [p.minutes for p in curve.heldout]}
+    xs = {"env steps": [p.env_steps for p in curve.heldout], "minutes running": [p.minutes for p in curve.heldout]}
     ys = [p.success for p in curve.heldout]
     for ax, (name, x) in zip(axes[:2], xs.items()):
         ax.plot(x, ys, marker="o", label="held-out greedy success")
@@ -90,7 +143,7 @@ def plot(curve: LearningCurve, path: str | Path, title: str) -> Path:
             ax.annotate(p.label, (xi, p.success), textcoords="offset points", xytext=(3, 4), fontsize=7)
         if curve.random_valid is not None:
             ax.axhline(curve.random_valid, color="grey", ls=":", label="random valid action")
-        ax.set_xlabel("RL env steps" if name == "env steps" else "wall minutes since the run started")
+        ax.set_xlabel("RL env steps" if name == "env steps" else "minutes of running")
         ax.set_ylim(0, 1)
         ax.set_title(f"held-out success vs {name}")
         ax.legend(fontsize=7, loc="lower right")

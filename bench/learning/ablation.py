@@ -212,38 +212,13 @@ def _runs(client, env: str) -> tuple[list[dict], object | None]:
     return out, warm
 
 
-def running_minutes(start_ms: int, end_ms: int | None, stamps_ms: list[int],
-                    expected_s: list[float], tail_s: float) -> tuple[list[float], float]:
-    """Minutes a run spent running at the end of each iteration, and in all, without the pauses of
-    a run killed in one session and resumed in a later one.
-
-    ``stamps_ms[i]``: when iteration ``i``'s metrics were logged (MLflow, ms); ``expected_s[i]``:
-    the seconds the pipeline measured for iteration ``i`` (rollout, advantages, update) plus the
-    held-out evaluation that ran before it; ``tail_s``: the evaluation after the last iteration.
-    A gap between two stamps far above what the pipeline measured for it (more than 1.5 times plus
-    2 minutes) held a pause: it counts the measured seconds instead. Overlapping phases (async RL)
-    keep their gaps, which are shorter than the sum of their parts. ``end_ms`` None: unfinished
-    (total NaN)."""
-    out, total, prev = [], 0.0, start_ms
-    for stamp, expected in zip(stamps_ms, expected_s):
-        total += _gap_s(stamp - prev, expected)
-        out.append(total / 60)
-        prev = stamp
-    if end_ms is None:
-        return out, float("nan")
-    return out, (total + _gap_s(end_ms - prev, tail_s)) / 60
-
-
-def _gap_s(gap_ms: float, expected_s: float) -> float:
-    gap_s = gap_ms / 1000
-    return float(expected_s) if gap_s > 1.5 * expected_s + 120 else gap_s
-
-
 def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
-    """Per-iteration train metrics, cumulative environment steps and running minutes
-    (``running_minutes``), and the held-out success at the end of each stage placed at that
-    stage's last iteration."""
+    """Per-iteration train metrics, cumulative environment steps and minutes of running
+    (``learning_curve.running_minutes``), and the held-out success at the end of each stage placed
+    at that stage's last iteration."""
     import numpy as np
+
+    from agentgym.evaluation.learning_curve import measured_seconds, running_minutes
 
     rid = run.info.run_id
     hist = {k: sorted(client.get_metric_history(rid, k), key=lambda x: x.step)
@@ -253,21 +228,9 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
     steps = np.cumsum([t * e for t, e in zip(turns, eps)])
     stage_ends = np.cumsum([s["iterations"] for s in SCHEDULES[schedule](horizons, len(turns))]) - 1
     m = run.data.metrics
-    # the seconds the pipeline measured per iteration, the held-out evaluation of a stage counted
-    # in the gap after that stage's last iteration
-    phases = ("rollout_seconds", "update_seconds", "time/advantages_compute_s",
-              "time/advantages_store_read_s", "time/advantages_store_write_s")
-    measured = np.zeros(len(turns) + 1)
-    for key in phases:
-        for x in client.get_metric_history(rid, key):
-            if x.step < len(turns):
-                measured[x.step] += x.value
-    for i, end in enumerate(stage_ends):
-        if end < len(turns):
-            measured[end + 1] += m.get(f"heldout/stage-{i}/seconds", 0.0)
+    expected = measured_seconds(client, rid, len(turns), [int(e) + 1 for e in stage_ends])
     minutes, wall = running_minutes(run.info.start_time, run.info.end_time,
-                                    [x.timestamp for x in hist["reward_mean"]],
-                                    list(measured[:len(turns)]), float(measured[len(turns)]))
+                                    [x.timestamp for x in hist["reward_mean"]], expected[:-1], expected[-1])
     held = []
     for i, end in enumerate(stage_ends):
         key = f"heldout/stage-{i}/overall/greedy_at_1"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentgym.evaluation.learning_curve import from_mlflow, plot
+from agentgym.evaluation.learning_curve import from_mlflow, measured_seconds, plot, running_minutes
 from agentgym.tracking.tracker import Tracker
 
 
@@ -32,3 +32,32 @@ def test_curve_of_a_run_without_heldout_is_empty_but_drawable(tmp_path):
     curve = from_mlflow(tracker.client, run, stage_ends=[3])
     assert curve.heldout == [] and curve.env_steps == [] and curve.random_valid is None
     assert plot(curve, tmp_path / "empty.png", "empty").exists()
+
+
+def test_running_minutes_leave_out_the_pause_of_a_resumed_run():
+    # iterations of 60 s logged at 1, 2, 3 min; the fourth after a 30-minute pause, the end after a
+    # 5-minute evaluation the pipeline measured
+    stamps = [60_000, 120_000, 180_000, 180_000 + 31 * 60_000]
+    minutes, total = running_minutes(0, stamps[-1] + 300_000, stamps, [60.0] * 4, 300.0)
+    assert minutes == [1.0, 2.0, 3.0, 4.0] and total == 9.0
+    # without a pause the gaps are kept as they are, also when shorter than the measured phases
+    # (async RL overlaps them), and a run that has not ended has no total
+    minutes, total = running_minutes(0, None, [90_000, 150_000], [120.0, 120.0], 0.0)
+    assert minutes == [1.5, 2.5] and total != total
+
+
+def test_a_resumed_runs_curve_counts_the_seconds_it_ran(tmp_path):
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curve")
+    run = tracker.pipeline_run("r3", {"seed": 0})
+    start = tracker.client.get_run(run).info.start_time
+    # one stage of 3 iterations of 50 + 10 s; the third logged after a 40-minute pause (resume)
+    for step, at in enumerate([60, 120, 180 + 40 * 60]):
+        for key, value in {"episodes": 8.0, "turns_per_episode": 2.0, "success_rate": 0.5,
+                           "rollout_seconds": 50.0, "update_seconds": 10.0}.items():
+            tracker.client.log_metric(run, key, value, timestamp=start + at * 1000, step=step)
+    tracker.client.log_metric(run, "heldout/stage-0/seconds", 240.0, timestamp=start, step=0)
+    tracker.client.log_metric(run, "heldout/stage-0/overall/greedy_at_1", 0.5, timestamp=start, step=0)
+    assert measured_seconds(tracker.client, run, 3, [3]) == [60.0, 60.0, 60.0, 240.0]
+    curve = from_mlflow(tracker.client, run, stage_ends=[3])
+    assert curve.minutes == pytest.approx([1.0, 2.0, 3.0])
+    assert [(p.label, p.minutes) for p in curve.heldout] == [("stage-0", pytest.approx(3.0))]

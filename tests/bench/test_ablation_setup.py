@@ -135,14 +135,3 @@ def test_a_weights_fingerprint_changes_with_the_weights(tmp_path):
     with pytest.raises(FileNotFoundError, match="no .*weight files"):
         run_records.weights_fingerprint(tmp_path / "empty")
 
-
-def test_running_minutes_leave_out_the_pause_of_a_resumed_run():
-    # iterations of 60 s logged at 1, 2, 3 min; the fourth after a 30-minute pause, the end after a
-    # 5-minute evaluation the pipeline measured
-    stamps = [60_000, 120_000, 180_000, 180_000 + 31 * 60_000]
-    minutes, total = ablation.running_minutes(0, stamps[-1] + 300_000, stamps, [60.0] * 4, 300.0)
-    assert minutes == [1.0, 2.0, 3.0, 4.0] and total == 9.0
-    # without a pause the gaps are kept as they are, also when shorter than the measured phases
-    # (async RL overlaps them), and an unfinished run has no total
-    minutes, total = ablation.running_minutes(0, None, [90_000, 150_000], [120.0, 120.0], 0.0)
-    assert minutes == [1.5, 2.5] and total != total
