@@ -134,4 +134,3 @@ def test_a_weights_fingerprint_changes_with_the_weights(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no .*weight files"):
         run_records.weights_fingerprint(tmp_path / "empty")
-
