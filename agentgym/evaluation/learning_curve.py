@@ -76,21 +76,21 @@ def _gap_s(gap_ms: float, expected_s: float) -> float:
     return float(expected_s) if gap_s > 1.5 * expected_s + 120 else gap_s
 
 
-def measured_seconds(client, mlflow_run_id: str, iterations: int, stage_ends: list[int]) -> list[float]:
-    """Seconds the pipeline measured before each of ``iterations`` iterations' metrics were logged
-    and one more entry for after the last: the iteration's phases (``ITERATION_PHASES``) plus the
-    held-out evaluation of a stage, counted after the stage's last iteration (``stage_ends[k]``:
-    the global step count at the end of stage k)."""
+def measured_seconds(client, run, iterations: int, stage_ends: list[int]) -> tuple[list[float], float]:
+    """Seconds the pipeline measured before each of the MLflow ``run``'s first ``iterations``
+    iterations' metrics were logged, and after the last: the iteration's phases
+    (``ITERATION_PHASES``) plus the held-out evaluation of a stage, counted after the stage's last
+    iteration (``stage_ends[k]``: the global step count at the end of stage k). The two parts are
+    ``running_minutes``' ``expected_s`` and ``tail_s``."""
     out = [0.0] * (iterations + 1)
     for key in ITERATION_PHASES:
-        for m in client.get_metric_history(mlflow_run_id, key):
+        for m in client.get_metric_history(run.info.run_id, key):
             if 0 <= m.step < iterations:
                 out[m.step] += m.value
-    metrics = client.get_run(mlflow_run_id).data.metrics
     for k, end in enumerate(stage_ends):
         if 0 < end <= iterations:
-            out[end] += metrics.get(f"heldout/stage-{k}/seconds", 0.0)
-    return out
+            out[end] += run.data.metrics.get(f"heldout/stage-{k}/seconds", 0.0)
+    return out[:-1], out[-1]
 
 
 def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCurve:
@@ -109,9 +109,9 @@ def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCu
         total += episodes[step][0] * turns[step][0]
         curve.env_steps.append(total)
         curve.train_success.append(success.get(step, (float("nan"), 0))[0])
-    expected = measured_seconds(client, mlflow_run_id, len(steps), stage_ends)
+    expected, tail = measured_seconds(client, run, len(steps), stage_ends)
     curve.minutes, _ = running_minutes(run.info.start_time, run.info.end_time,
-                                       [turns[step][1] for step in steps], expected[:-1], expected[-1])
+                                       [turns[step][1] for step in steps], expected, tail)
     metrics = run.data.metrics
     curve.random_valid = metrics.get("heldout/random-valid/overall/avg_at_1")
     for label in ["base", "sft"] + [f"stage-{k}" for k in range(len(stage_ends))]:

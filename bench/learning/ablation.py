@@ -36,9 +36,8 @@ earlier machine stay in them), and from those writes ``docs/results/ablation-<en
 (held-out success against environment steps and against minutes of running, which leave out the
 pause of a run resumed in a later session; train reward, turns per episode, format errors and
 invalid actions) and Markdown tables to stdout: per schedule the final held-out success per seed,
-and 95 % bootstrap intervals
-of each schedule's mean and of ScalingInter-RL minus each fixed schedule, paired on the held-out
-tasks (``bootstrap.py``).
+and 95 % bootstrap intervals of each schedule's mean and of ScalingInter-RL minus each fixed
+schedule, paired on the held-out tasks (``bootstrap.py``).
 """
 
 from __future__ import annotations
@@ -228,9 +227,9 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
     steps = np.cumsum([t * e for t, e in zip(turns, eps)])
     stage_ends = np.cumsum([s["iterations"] for s in SCHEDULES[schedule](horizons, len(turns))]) - 1
     m = run.data.metrics
-    expected = measured_seconds(client, rid, len(turns), [int(e) + 1 for e in stage_ends])
+    expected, tail = measured_seconds(client, run, len(turns), [int(e) + 1 for e in stage_ends])
     minutes, wall = running_minutes(run.info.start_time, run.info.end_time,
-                                    [x.timestamp for x in hist["reward_mean"]], expected[:-1], expected[-1])
+                                    [x.timestamp for x in hist["reward_mean"]], expected, tail)
     held = []
     for i, end in enumerate(stage_ends):
         key = f"heldout/stage-{i}/overall/greedy_at_1"

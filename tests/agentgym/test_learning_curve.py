@@ -57,7 +57,7 @@ def test_a_resumed_runs_curve_counts_the_seconds_it_ran(tmp_path):
             tracker.client.log_metric(run, key, value, timestamp=start + at * 1000, step=step)
     tracker.client.log_metric(run, "heldout/stage-0/seconds", 240.0, timestamp=start, step=0)
     tracker.client.log_metric(run, "heldout/stage-0/overall/greedy_at_1", 0.5, timestamp=start, step=0)
-    assert measured_seconds(tracker.client, run, 3, [3]) == [60.0, 60.0, 60.0, 240.0]
+    assert measured_seconds(tracker.client, tracker.client.get_run(run), 3, [3]) == ([60.0, 60.0, 60.0], 240.0)
     curve = from_mlflow(tracker.client, run, stage_ends=[3])
     assert curve.minutes == pytest.approx([1.0, 2.0, 3.0])
     assert [(p.label, p.minutes) for p in curve.heldout] == [("stage-0", pytest.approx(3.0))]
