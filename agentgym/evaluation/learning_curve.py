@@ -119,10 +119,10 @@ def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCu
         if key not in metrics:
             continue
         if label.startswith("stage-"):
-            steps, minutes = curve.steps_at(stage_ends[int(label.split("-")[1])])
+            at_steps, minutes = curve.steps_at(stage_ends[int(label.split("-")[1])])
         else:
-            steps, minutes = 0.0, 0.0
-        curve.heldout.append(CurvePoint(label, metrics[key], steps, minutes))
+            at_steps, minutes = 0.0, 0.0
+        curve.heldout.append(CurvePoint(label, metrics[key], at_steps, minutes))
     return curve
 
 
