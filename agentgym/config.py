@@ -669,6 +669,13 @@ class TrackingConfig(_Strict):
         "with each checkpoint, so a resumed run continues exactly; costs ~12 bytes per parameter "
         "(about 1.6 GB for SmolLM2-135M). False: a resume restores weights and restarts AdamW.",
     )
+    trainer_states_kept: int = Field(
+        1, ge=0,
+        description="With checkpoint_trainer_state: keep the trainer state of only the newest N "
+        "checkpoints of the run (older ones keep their weights and lose their state once a newer "
+        "checkpoint is committed), so the disk holds N states however many checkpoints the run "
+        "takes. 0: keep every checkpoint's state.",
+    )
     eval_every: int = Field(
         0, ge=0,
         description="Evaluate on every env's eval_tasks every N global steps (0: never); metrics "

@@ -104,7 +104,9 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
                     global_step: int) -> str:
     """Export the policy as an HF folder and log it to MLflow; returns the artifact URI.
 
-    ``global_step`` is the number of iterations completed, so a resume starts there.
+    ``global_step`` is the number of iterations completed, so a resume starts there. With
+    ``tracking.checkpoint_trainer_state`` the folder also holds the trainer state, and once it is
+    committed the states of older checkpoints beyond ``tracking.trainer_states_kept`` are removed.
     """
     session = get_session(config, run_id)
     tracker = Tracker.from_config(config.tracking)
@@ -115,12 +117,15 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
             session.trainer.save_checkpoint(Path(tmp, TRAINER_STATE), {"global_step": global_step})
         # lineage: the config and every trajectory commit that produced these weights
         Path(tmp, "agentgym_config.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
-        return tracker.log_checkpoint(
+        uri = tracker.log_checkpoint(
             mlflow_run_id, tmp, global_step,
             meta={"run_id": run_id, "stage": stage, "policy_version": session.policy_version,
                   "episode_commits": [{"stage": c["stage"], "iteration": c["iteration"], "digest": c["digest"]}
                                       for c in commits]},
         )
+    if config.tracking.checkpoint_trainer_state and config.tracking.trainer_states_kept:
+        tracker.prune_checkpoint_subfolder(run_id, TRAINER_STATE, config.tracking.trainer_states_kept)
+    return uri
 
 
 @task(name="log_final_policy", task_run_name="log_final_policy[{run_id}]", retries=1, retry_delay_seconds=2,

@@ -442,6 +442,40 @@ class Tracker:
                 best = CheckpointRef(uri, step, r.info.run_id, json.loads(open(meta).read()))
         return best
 
+    def prune_checkpoint_subfolder(self, run_id: str, sub: str, keep: int) -> list[str]:
+        """Delete ``sub`` (e.g. the trainer state) from every committed checkpoint of pipeline
+        ``run_id`` but the newest ``keep``, across its stage runs; the checkpoints' weights stay.
+        Committed: at or below the global step a stage run's checkpoint tag points at (a folder
+        above it is a torn upload, which the re-run overwrites). Returns the artifact URIs removed.
+
+        Called after a checkpoint is committed, so the state a resume loads is never removed; a
+        deletion that fails is logged and skipped (the next call tries it again)."""
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (the newest checkpoint's {sub} is what a resume loads)")
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_id}' and tags.`{TAG_KIND}` = 'stage'")
+        found: list[tuple[int, str, str]] = []  # (global step, artifact root URI, checkpoint path)
+        for r in runs:
+            committed = r.data.tags.get(TAG_CKPT_STEP)
+            if committed is None:
+                continue
+            for ckpt in self.client.list_artifacts(r.info.run_id, "checkpoints"):
+                step = int(ckpt.path.rsplit("-", 1)[1])
+                # files under it, not the folder: an S3 server with directories (SeaweedFS) still
+                # lists an emptied folder
+                if step <= int(committed) and self.client.list_artifacts(r.info.run_id, f"{ckpt.path}/{sub}"):
+                    found.append((step, r.info.artifact_uri, ckpt.path))
+        removed = []
+        for _, root, path in sorted(found, reverse=True)[keep:]:
+            try:
+                get_artifact_repository(root).delete_artifacts(f"{path}/{sub}")
+            except Exception as e:  # noqa: BLE001 - the checkpoint is committed; training goes on
+                log.warning("could not remove %s/%s/%s (it keeps its disk space until removed): %s",
+                            root, path, sub, e)
+                continue
+            removed.append(f"{root}/{path}/{sub}")
+        return removed
+
     def log_trajectory_commit(self, mlflow_run_id: str, table: str, stage: int, iteration: int,
                               source: str, digest: str, rows: int,
                               profile: dict[str, Any] | None = None) -> None:

@@ -40,7 +40,10 @@ def test_resumed_update_equals_uninterrupted(tmp_path, model_cache, keep_state):
     assert restore_policy.fn(cfg, run_id)["start_step"] == 0
     for gs in range(2):
         _iteration(cfg, run_id, gs)
-    save_checkpoint.fn(cfg, run_id, child, 0, 2)
+        save_checkpoint.fn(cfg, run_id, child, 0, gs + 1)
+    # tracking.trainer_states_kept (default 1): step 1 kept its weights and lost its state
+    states = {p.parent.name for p in tmp_path.rglob("checkpoints/step-*/trainer_state")}
+    assert states == ({"step-000002"} if keep_state else set())
     _iteration(cfg, run_id, 2)  # the uninterrupted third update
     uninterrupted = _weights(run_id)
 
