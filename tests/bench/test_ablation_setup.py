@@ -134,3 +134,16 @@ def test_a_weights_fingerprint_changes_with_the_weights(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no .*weight files"):
         run_records.weights_fingerprint(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("keep_state", [True, False])
+def test_the_resume_check_runs_the_ablation_config_but_for_what_it_varies(tmp_path, keep_state):
+    import resume_check
+
+    cmd = resume_check.command(tmp_path, "exact", tmp_path / "sft", keep_state)
+    cfg = load_config(Path(cmd[cmd.index("-c") + 1]), cmd[cmd.index("--set") + 1::2])
+    ablation_cfg = load_config(ablation.config_path("textcraft-warm"), [])
+    assert cfg.tracking.checkpoint_trainer_state is keep_state and ablation_cfg.tracking.checkpoint_trainer_state
+    assert cfg.tracking.checkpoint_every == resume_check.EVERY < sum(s.iterations for s in cfg.stages)
+    assert cfg.trainer == ablation_cfg.trainer and cfg.algorithm == ablation_cfg.algorithm
+    assert not cfg.heldout.enabled and str(tmp_path) in cfg.tracking.tracking_uri
