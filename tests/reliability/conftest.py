@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import shutil
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,14 @@ def fork():
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["ckpt_child", "agentgym.tracking.tracker", "transformers"])
     return ctx
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The server's endpoint and credentials, in this process's environment and for children, and
+    a fresh ``location`` (an s3:// prefix of its own) for the test's artifacts."""
+    env = {"AWS_ACCESS_KEY_ID": s3_server["key"], "AWS_SECRET_ACCESS_KEY": s3_server["secret"],
+           "MLFLOW_S3_ENDPOINT_URL": s3_server["endpoint_url"]}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return {**s3_server, "env": env, "location": f"s3://{s3_server['bucket']}/test-{uuid.uuid4().hex[:8]}"}

@@ -7,7 +7,6 @@ step 2's exact weights; a re-run uploads step 3 over the partial prefix and resu
 from __future__ import annotations
 
 import signal
-import uuid
 
 import pytest
 import torch
@@ -21,16 +20,6 @@ from checkpoints import same_weights, variant, weights
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard (shared machines run it far slower)
 
-
-
-@pytest.fixture
-def s3(s3_server, monkeypatch):
-    """The server's endpoint and credentials, in this process's environment and for children."""
-    env = {"AWS_ACCESS_KEY_ID": s3_server["key"], "AWS_SECRET_ACCESS_KEY": s3_server["secret"],
-           "MLFLOW_S3_ENDPOINT_URL": s3_server["endpoint_url"]}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return {**s3_server, "env": env, "location": f"s3://{s3_server['bucket']}/kill-{uuid.uuid4().hex[:8]}"}
 
 
 def run_child(ctx, *args) -> int:

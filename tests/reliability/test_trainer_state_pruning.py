@@ -5,7 +5,6 @@ local artifact store and on a real S3 server (SeaweedFS)."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,11 @@ STATE = "trainer_state"
 
 
 @pytest.fixture(params=["local", "s3"])
-def location(request, mlflow_dir, monkeypatch) -> str:
+def location(request, mlflow_dir) -> str:
     """Where the experiment keeps its artifacts: a folder, or a fresh prefix on SeaweedFS."""
     if request.param == "local":
         return (mlflow_dir / "artifacts").as_uri()
-    s3 = request.getfixturevalue("s3_server")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3["key"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3["secret"])
-    monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3["endpoint_url"])
-    return f"s3://{s3['bucket']}/prune-{uuid.uuid4().hex[:8]}"
+    return request.getfixturevalue("s3")["location"]
 
 
 def _checkpoint(tmp: Path, step: int) -> Path:
