@@ -11,7 +11,7 @@ no held-out evaluation), each in its own MLflow DB and trajectory store under ``
   restores the weights and restarts AdamW).
 
 It prints each run's final weights' SHA-256 and the largest absolute weight difference from the
-straight run. About 15 minutes on the 2-core machine; run it alone.
+straight run. About 10 minutes on the 2-core machine (bench/README.md, section 10); run it alone.
 
     .venv/bin/python bench/learning/resume_check.py
 """
