@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentgym.chat import ChatFormatter
@@ -73,6 +73,10 @@ class RolloutSettings:
     # what the policy sees of a long conversation (agentgym.context): truncate, window or summary
     context_policy: str = "truncate"
     context_window: int = 4
+    # sampling seeds (rollout.sampling_seeds): False, one seed per batched call (turn_seed of the
+    # call index: an episode's replies depend on the batch it plays in); True, one per episode
+    # and turn (episode_turn_seed: the same replies whichever batch, max_live or worker plays it)
+    seeds_per_episode: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any, horizon: int, seed: int, greedy: bool = False) -> "RolloutSettings":
@@ -84,6 +88,7 @@ class RolloutSettings:
             env_workers=r.env_workers, seed=seed, system_prompt=cfg.system_prompt,
             max_live=r.max_live_episodes, constrain_actions=r.constrain_actions,
             context_policy=r.context_policy.value, context_window=r.context_window,
+            seeds_per_episode=cfg.seeds_per_episode,
         )
 
 
@@ -119,6 +124,17 @@ def turn_seed(seed: int, turn: int) -> int:
     """Generation seed of one turn, derived from the rollout seed (explicit, reproducible)."""
     digest = hashlib.sha256(f"{seed}:{turn}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def episode_turn_seed(seed: int, episode_id: str, turn: int) -> int:
+    """Generation seed of episode ``episode_id``'s reply at turn ``turn`` (0: its first reply)
+    under rollout seed ``seed`` (``RolloutSettings.seeds_per_episode``): the first 63 bits of
+    ``sha256("{seed}:{episode_id}:{turn}")``, little-endian. It names the reply, not the batch it
+    is sampled in, so an episode plays the same whichever batch, ``max_live`` or rollout worker
+    it plays in; the episodes of a GRPO group (distinct ids) still sample differently. (Fits a
+    ``torch.Generator`` seed; the vLLM engines reduce it to their 31-bit request seed.)"""
+    digest = hashlib.sha256(f"{seed}:{episode_id}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def _safe(fn: Callable[[], Any]) -> tuple[Any, str | None]:
@@ -172,7 +188,9 @@ def _play(
     At most ``settings.max_live`` episodes (0: all) play at once; when some end, queued specs
     start in their place, so each ``generate`` batches episodes that may be at different turns.
     Call k of ``generate`` samples with ``turn_seed(seed, k)``: with every episode live at once
-    (the default for small iterations) call k is turn k, as before the cap existed.
+    (the default for small iterations) call k is turn k, as before the cap existed. With
+    ``settings.seeds_per_episode`` each episode's reply at turn t samples with
+    ``episode_turn_seed(seed, episode_id, t)`` instead, whatever call it is in.
     """
     queue = deque(range(len(specs)))
     cap = settings.max_live or len(specs)
@@ -277,6 +295,8 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
         fits = [fits[j] for j in keep]
         choices = [[formatter.action_reply_ids(a, settings.stop) for a in listed[j][0]]
                    if listed[j][0] else None for j in keep]
+    if settings.seeds_per_episode:  # one seed per reply: lv.turn is the turns taken so far
+        params.row_seeds = [episode_turn_seed(settings.seed, lv.ep.episode_id, lv.turn) for lv in fits]
     samples = _replies(engine, fits, choices, params)
     replies = []
     for lv, sample in zip(fits, samples):
@@ -353,17 +373,24 @@ def _next_segment(lv: _Live, formatter: ChatFormatter, settings: RolloutSettings
 def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list[int]] | None],
              params: SamplingParams) -> list[Any]:
     """One reply per live episode: ``engine.choose`` among its candidates where it has some,
-    ``engine.generate`` where it has none (two batched calls at most)."""
+    ``engine.generate`` where it has none (two batched calls at most). ``params.row_seeds``,
+    where given, holds one seed per episode of ``fits``; each call gets its rows' seeds."""
     out: list[Any] = [None] * len(fits)
     free = [j for j, c in enumerate(choices) if c is None]
     chosen = [(j, c) for j, c in enumerate(choices) if c is not None]
+
+    def rows(js: list[int]) -> SamplingParams:
+        seeds = params.row_seeds
+        return params if seeds is None else replace(params, row_seeds=[seeds[j] for j in js])
+
     if free:
-        got = engine.generate([fits[j].prompt() for j in free], params,
+        got = engine.generate([fits[j].prompt() for j in free], rows(free),
                               cache_keys=[fits[j].ep.episode_id for j in free])
         for j, sample in zip(free, got):
             out[j] = sample
     if chosen:
-        got = engine.choose([fits[j].prompt() for j, _ in chosen], [c for _, c in chosen], params,
+        got = engine.choose([fits[j].prompt() for j, _ in chosen], [c for _, c in chosen],
+                            rows([j for j, _ in chosen]),
                             cache_keys=[fits[j].ep.episode_id for j, _ in chosen])
         for (j, _), sample in zip(chosen, got):
             out[j] = sample

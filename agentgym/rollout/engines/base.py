@@ -14,6 +14,20 @@ from agentgym.config import DEFAULT_MAX_NEW_TOKENS
 
 @dataclass
 class SamplingParams:
+    """How an engine samples the replies of one ``generate`` / ``choose`` call.
+
+    Seeding has two modes:
+
+    * ``row_seeds`` None (the default, ``rollout.sampling_seeds: per_call``): ``seed`` seeds the
+      whole call; the rows' draws come from one random stream in batch order (HF: one
+      ``torch.Generator``; vLLM: a request seed derived from ``seed`` and the row index), so a
+      prompt's reply depends on the batch it is in and its row there;
+    * ``row_seeds`` given (``per_episode``): one seed per prompt, ``row_seeds[i]`` for
+      ``prompts[i]``; each row samples from its own stream and ``seed`` is not used, so a
+      prompt's reply does not depend on which other prompts share the call (the rollout passes
+      each episode's ``episode_turn_seed``: N rollout workers play the same episodes as one).
+    """
+
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
@@ -21,6 +35,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     stop_strings: list[str] = field(default_factory=list)
     seed: int = 0
+    row_seeds: list[int] | None = None
 
 
 @dataclass
@@ -36,12 +51,16 @@ class Sample:
     finish_reason: Literal["stop", "length"]
 
 
-def check_prompts(prompts: list[list[int]], cache_keys: list[str] | None) -> None:
+def check_prompts(prompts: list[list[int]], cache_keys: list[str] | None,
+                  params: SamplingParams | None = None) -> None:
     """The argument checks every engine's ``generate`` makes."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("generate: every prompt needs at least one token")
     if cache_keys is not None and len(cache_keys) != len(prompts):
         raise ValueError("generate: cache_keys needs one key per prompt")
+    if params is not None and params.row_seeds is not None and len(params.row_seeds) != len(prompts):
+        raise ValueError(f"generate: row_seeds needs one seed per prompt ({len(params.row_seeds)} seeds, "
+                         f"{len(prompts)} prompts)")
 
 
 class InferenceEngine(Protocol):

@@ -3,7 +3,9 @@
 A hand-written decode loop instead of ``model.generate`` so that
 
 * the log-probs are exactly those of the sampling distribution (``log_softmax(logits / T)``);
-* sampling is seeded through an explicit ``torch.Generator`` (same seed + prompts -> same tokens);
+* sampling is seeded through explicit ``torch.Generator``s (same seed + prompts -> same tokens):
+  one per call (``SamplingParams.seed``), or one per row (``row_seeds``: a row's tokens then do
+  not depend on the other rows of the batch; ``_Draws``);
 * rows that finish early leave the batch (their KV-cache rows are dropped);
 * **the KV cache of a conversation is kept across turns** (``cache_keys``): the next turn's
   prompt extends the previous one, so only the new tokens (last reply token, template glue,
@@ -47,6 +49,33 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_p = sorted_p * keep
     out = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
     return out / out.sum(-1, keepdim=True)
+
+
+class _Draws:
+    """The random draws of one ``generate`` / ``choose`` call (``SamplingParams``' seeding).
+
+    Per call (``row_seeds`` None): one generator seeded with ``params.seed`` draws every row in
+    batch order, one ``torch.multinomial`` over the rows given (the stream this engine has always
+    drawn). Per row: row ``r`` of the call draws from its own generator seeded with
+    ``row_seeds[r]``, kept across decode steps, so its tokens do not depend on the batch's other
+    rows nor on when they leave it.
+    """
+
+    def __init__(self, params: SamplingParams):
+        def make(seed: int) -> torch.Generator:
+            return torch.Generator(device="cpu").manual_seed(int(seed))
+
+        self._call = make(params.seed) if params.row_seeds is None else None
+        self._rows = None if params.row_seeds is None else [make(s) for s in params.row_seeds]
+
+    def pick(self, probs: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """One index per row of ``probs`` (2-D, on the CPU) drawn in proportion to it; ``rows[i]``
+        is the call's row (its index in the prompts) that ``probs[i]`` belongs to."""
+        if self._rows is None:
+            assert self._call is not None
+            return torch.multinomial(probs, 1, generator=self._call).squeeze(-1)
+        return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=self._rows[r]).squeeze(-1)
+                          for i, r in enumerate(rows)])
 
 
 def length_groups(lengths: list[int], max_padding: float) -> list[list[int]]:
@@ -372,12 +401,12 @@ class HFEngine:
                   cache_keys: list[str] | None) -> list[Sample]:
         if not prompts:
             return []
-        check_prompts(prompts, cache_keys)
+        check_prompts(prompts, cache_keys, params)
         keys = cache_keys if self.keep_cache else None
         n = len(prompts)
         logits, cache, attn, next_pos = self._prefill(prompts, keys, reserve=params.max_new_tokens)
         device = self.device
-        gen = torch.Generator(device="cpu").manual_seed(int(params.seed))
+        draws = _Draws(params)
         stop_ids = set(params.stop_token_ids)
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lps: list[list[float]] = [[] for _ in range(n)]
@@ -398,7 +427,7 @@ class HFEngine:
                 tok = logp.argmax(-1)
             else:
                 probs = _top_p_filter(logp.exp(), params.top_p)
-                tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(device)
+                tok = draws.pick(probs.cpu(), alive.tolist()).to(device)
             tok_lp = logp.gather(-1, tok[:, None]).squeeze(-1)
             keep: list[int] = []
             done: list[int] = []
@@ -453,7 +482,7 @@ class HFEngine:
                 cache_keys: list[str] | None) -> list[Sample]:
         if not prompts:
             return []
-        check_prompts(prompts, cache_keys)
+        check_prompts(prompts, cache_keys, params)
         if len(choices) != len(prompts) or any(not c or any(not ids for ids in c) for c in choices):
             raise ValueError("choose: every prompt needs a non-empty list of non-empty candidates")
         keys = cache_keys if self.keep_cache else None
@@ -470,15 +499,15 @@ class HFEngine:
         scored, which = _distinct((back[r], tuple(map(tuple, choices[r]))) for r in range(len(prompts)))
         all_lps = self._candidate_logprobs(cache, attn, first, [choices[r] for r in scored],
                                            params.temperature, rows=[back[r] for r in scored])
-        gen = torch.Generator(device="cpu").manual_seed(int(params.seed))
+        draws = _Draws(params)
         out: list[Sample] = []
-        for cands, k in zip(choices, which):
+        for r, (cands, k) in enumerate(zip(choices, which)):
             lps = all_lps[k]
             scores = torch.tensor([sum(x) for x in lps], dtype=torch.float64)
             if params.greedy:
                 pick = int(scores.argmax())
             else:
-                pick = int(torch.multinomial(torch.softmax(scores, 0), 1, generator=gen))
+                pick = int(draws.pick(torch.softmax(scores, 0)[None], [r])[0])
             out.append(Sample(list(cands[pick]), list(lps[pick]), "stop"))
         self.generated_tokens += sum(len(s.token_ids) for s in out)
         return out

@@ -8,7 +8,9 @@ Same contract as :class:`agentgym.rollout.engines.hf.HFEngine` (see ``engines/ba
   **before** top-p truncation, the quantity the trainer recomputes (see "Log-probs" below);
 * a request's seed is derived from ``SamplingParams.seed`` and its row index, so the same seed
   and prompts give the same tokens, and G copies of one prompt in a batch still differ (one seed
-  for all of them would make every copy sample the same reply);
+  for all of them would make every copy sample the same reply); with ``SamplingParams.row_seeds``
+  it is derived from the row's own seed instead (``vllm_rules.request_seed``), so a reply does not
+  depend on the batch it is in;
 * stop token ids and stop strings end a reply *including* the token that completed them; a
   stop string inside the reply's leading whitespace does not count (as in the HF engine);
   vLLM's own EOS handling is off (``ignore_eos``) so only the caller's stop ids stop a reply;
@@ -362,7 +364,7 @@ class VLLMEngine:
                   cache_keys: list[str] | None) -> list[Sample]:
         if not prompts:
             return []
-        check_prompts(prompts, cache_keys)
+        check_prompts(prompts, cache_keys, params)
         if self.llm is None:
             raise RuntimeError("generate: the engine is closed")
 

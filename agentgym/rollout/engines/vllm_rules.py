@@ -5,9 +5,10 @@ Both ask vLLM for the same thing, so the rules live once, here, without importin
 
 * :func:`request_fields`: the sampling fields of one row's request, valid both as
   ``vllm.SamplingParams(**fields)`` and as the body of ``POST /v1/completions``: a per-row seed
-  (G copies of one prompt still differ), greedy as ``temperature=0`` at T == 1 and as ``top_k=1``
-  at temperature T otherwise (argmax, with ``log_softmax(logits / T)`` log-probs), the caller's
-  stop ids and strings (stop string kept in the reply), vLLM's EOS handling off;
+  (:func:`request_seed`: G copies of one prompt still differ; from ``SamplingParams.row_seeds``
+  where given), greedy as ``temperature=0`` at T == 1 and as ``top_k=1`` at temperature T
+  otherwise (argmax, with ``log_softmax(logits / T)`` log-probs), the caller's stop ids and
+  strings (stop string kept in the reply), vLLM's EOS handling off;
 * :func:`generate_with_stop_rule`: the HF engine's stop-string rule on top of vLLM's: a stop
   string inside the reply's leading whitespace does not end it, so such a reply is continued
   (another request on prompt + reply so far, with another seed salt).
@@ -29,11 +30,24 @@ def row_seed(seed: int, row: int, salt: int = 0) -> int:
     return (int(seed) * 1_000_003 + row * 7_919 + salt * 104_729) & _SEED_MASK
 
 
+def request_seed(params: SamplingParams, row: int, salt: int = 0) -> int:
+    """The vLLM seed of the request for row ``row`` of a call (``salt``: the continuation round).
+
+    Per call (``params.row_seeds`` None): derived from the call's ``seed`` and the row index, so
+    a reply depends on its row in the batch. Per row: derived from ``row_seeds[row]`` alone (as
+    row 0 of its own call), so a reply is the same whichever batch and row it is in."""
+    if params.row_seeds is None:
+        return row_seed(params.seed, row, salt)
+    return row_seed(params.row_seeds[row], 0, salt)
+
+
 def request_fields(params: SamplingParams, row: int, max_tokens: int, salt: int = 0) -> dict[str, Any]:
+    """The sampling fields of the request for row ``row`` (its index in the call's prompts, also
+    in a continuation round ``salt``) asking for at most ``max_tokens`` tokens."""
     fields: dict[str, Any] = dict(
         n=1,
         max_tokens=max_tokens,
-        seed=row_seed(params.seed, row, salt),
+        seed=request_seed(params, row, salt),
         stop_token_ids=list(params.stop_token_ids),
         stop=list(params.stop_strings),
         include_stop_str_in_output=True,

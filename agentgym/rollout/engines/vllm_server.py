@@ -6,8 +6,9 @@ vllm`` (it runs in the main env):
 * token-in/token-out: each prompt's ids go to ``POST /v1/completions`` as ``prompt`` (a list of
   ids) with ``logprobs: 0`` and ``return_tokens_as_token_ids: true``; each sampled token comes
   back as ``token_id:N`` with its log-prob, so nothing is re-encoded;
-* the request fields (per-row seed, greedy, stop ids and strings, EOS handling off) and the
-  leading-whitespace stop-string rule are the in-process engine's, from ``vllm_rules``;
+* the request fields (per-row seed, from ``row_seeds`` where given; greedy, stop ids and
+  strings, EOS handling off) and the leading-whitespace stop-string rule are the in-process
+  engine's, from ``vllm_rules``;
 * the rows of a ``generate`` call are sent concurrently (one request each, the server batches
   them), each to the live server with the fewest requests in flight
   (``env_adapters.http_pool.ServerPool``: least loaded, health checks on ``GET /health``);
@@ -215,7 +216,7 @@ class VLLMServerEngine:
         for the protocol; the servers' prefix caches find shared prefixes by themselves."""
         if not prompts:
             return []
-        check_prompts(prompts, cache_keys)
+        check_prompts(prompts, cache_keys, params)
         if self._closed:
             raise RuntimeError("generate: the engine is closed")
 
