@@ -265,6 +265,22 @@ class RolloutConfig(_Strict):
         "A stage's first iteration is synchronous (no rollout at a new horizon before its stage). "
         "0: synchronous.",
     )
+    workers: int = Field(
+        1, ge=1,
+        description="Rollout workers. 1 with trainer.world_size 1 and ray.address null: the engine "
+        "plays in the flow's process. N > 1 (or any ray.address): N Ray actors, each with its own "
+        "engine (rollout.engine) and environments; an iteration's GRPO groups are split between them "
+        "(a group stays on one worker), each stages its shards and the flow commits one manifest. "
+        "Weights reach every worker from training rank 0 through Ray's object store.",
+    )
+    sampling_seeds: Literal["auto", "per_call", "per_episode"] = Field(
+        "auto",
+        description="How sampling is seeded. per_episode: every (episode, turn) has its own seed, so "
+        "an episode samples the same reply whichever batch or worker it plays in (1 and N workers "
+        "play the same episodes). per_call: one seed per batched generate call (the sampling of every "
+        "result recorded before rollout.workers existed, the quickstart's included). auto: "
+        "per_episode when rollout.workers > 1, else per_call.",
+    )
 
     @model_validator(mode="after")
     def _choice_engine(self) -> "RolloutConfig":
@@ -501,9 +517,10 @@ class TrainerConfig(_Strict):
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
     world_size: int = Field(
         1, ge=1,
-        description="Training ranks: 1 runs in the flow's process; N > 1 starts a resident group of N "
-        "ranks once (torchrun on this host or, across hosts, torchrun on every node with `nnodes`, or the DeepSpeed launcher over `hostfile`) that keeps "
-        "weights and optimizer state in memory between iterations; each rank trains on 1/N of a batch.",
+        description="Training ranks. 1 with rollout.workers 1 and ray.address null: DeepSpeed in the "
+        "flow's process. N > 1: N Ray actors (ray.address), one placement-group bundle each (a GPU "
+        "where the cluster has them, else ray.cpus_per_rank CPUs), each a DeepSpeed rank that keeps "
+        "weights and optimizer state between iterations and trains on 1/N of a batch.",
     )
     bf16: bool | Literal["auto"] = Field(
         "auto", description="Train in bf16 (DeepSpeed keeps fp32 master weights). auto: where the "
@@ -535,59 +552,6 @@ class TrainerConfig(_Strict):
         description="Train LoRA adapters (peft) instead of all weights; None trains all weights. "
         "Checkpoints hold the adapters; exports and weight syncs are merged full weights.",
     )
-    hostfile: str | None = Field(
-        None,
-        description="Multi-node (world_size > 1): a DeepSpeed hostfile ('host slots=K' per line, slots "
-        "adding up to world_size) used with the `deepspeed` launcher (pdsh); run the pipeline on the "
-        "first host, give master_addr as its address the others reach, and keep checkpoint and "
-        "export folders on a shared filesystem. None: all ranks on this host (torchrun).",
-    )
-    master_addr: str = Field(
-        "127.0.0.1",
-        description="Address of this host for the ranks' rendezvous and command channel; keep "
-        "127.0.0.1 unless a hostfile or nnodes > 1 puts ranks on other hosts.",
-    )
-    nnodes: int = Field(
-        1, ge=1,
-        description="Multi-node with torchrun's static rendezvous (no ssh): the ranks span this many "
-        "nodes, world_size / nnodes on each. The pipeline's host is node 0 and starts its share; "
-        "every other node runs `agentgym group join --config SAME_CONFIG --node-rank K` (K = 1 .. "
-        "nnodes - 1) with AGENTGYM_GROUP_AUTHKEY (64 hex characters, the same on every node) in its "
-        "environment. Needs master_port and driver_port, master_addr reachable from every node, and "
-        "checkpoint / export folders on a shared filesystem. 1: all ranks on this host.",
-    )
-    master_port: int | None = Field(
-        None, ge=1, le=65535,
-        description="torch.distributed rendezvous port on master_addr (torchrun's --master-port, the "
-        "deepspeed launcher's --master_port). None: a free port chosen per launch (this host only); "
-        "nnodes > 1 needs a fixed one, known to every node.",
-    )
-    driver_port: int | None = Field(
-        None, ge=1, le=65535,
-        description="Port on master_addr where the pipeline's process takes the ranks' command "
-        "connections. None: a free port per launch (this host only); nnodes > 1 needs a fixed one.",
-    )
-
-    @model_validator(mode="after")
-    def _check_nodes(self) -> "TrainerConfig":
-        if self.nnodes == 1:
-            return self
-        if self.hostfile is not None:
-            raise ValueError("trainer.nnodes > 1 (torchrun rendezvous, each node joins) and "
-                             "trainer.hostfile (the deepspeed launcher over ssh) both span hosts; keep "
-                             "one: nnodes: 1, or hostfile: null")
-        if self.world_size % self.nnodes:
-            raise ValueError(f"trainer.world_size={self.world_size} is not a multiple of trainer.nnodes="
-                             f"{self.nnodes} (every node runs world_size / nnodes ranks); make it one")
-        missing = [f for f in ("master_port", "driver_port") if getattr(self, f) is None]
-        if missing:
-            raise ValueError(f"trainer.nnodes={self.nnodes} needs fixed ports that every node knows: set "
-                             + " and ".join(f"trainer.{f}" for f in missing) + " (e.g. 29500 and 29501)")
-        if self.master_port == self.driver_port:
-            raise ValueError(f"trainer.master_port and trainer.driver_port are both {self.master_port}; "
-                             "give the command channel its own port (e.g. master_port + 1)")
-        return self
-
     @model_validator(mode="after")
     def _check_lr(self) -> "TrainerConfig":
         if self.train_layers is not None and self.lora is not None:
@@ -772,6 +736,64 @@ class HeldOutConfig(_Strict):
         "ablation) would otherwise each replay the same deterministic evaluation.")
 
 
+class RayConfig(_Strict):
+    """Where trainer ranks and rollout workers run when they are more than the flow's process."""
+
+    address: str | None = Field(
+        None,
+        description="null: no Ray while trainer.world_size and rollout.workers are both 1 (everything "
+        "in the flow's process), else an embedded single-node cluster on 127.0.0.1. local: always an "
+        "embedded cluster. host:port (a `ray start --head` node's GCS address) or ray://host:10001 "
+        "(Ray Client): attach to that cluster; its nodes place the actors.",
+    )
+    cpus_per_rank: float = Field(
+        1.0, gt=0,
+        description="CPUs one training rank's bundle asks for where it gets no GPU (a CPU-only "
+        "cluster); with GPUs a rank asks for one GPU and this many CPUs.",
+    )
+    cpus_per_worker: float = Field(
+        1.0, gt=0, description="CPUs one rollout worker asks for (its engine's threads on CPU).")
+    gpus_per_worker: float = Field(
+        0.0, ge=0,
+        description="GPUs one rollout worker asks for (vllm: 1; a fraction shares a GPU with a rank). "
+        "0: none (CPU engine).")
+    worker_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each rollout worker asks for beside its CPUs/GPUs, to keep "
+        "workers on the nodes meant for them: e.g. {rollout_node: 1} with nodes started as `ray start "
+        "--address=HEAD:6379 --resources='{\"rollout_node\": 4}'`. {}: any node.")
+    num_cpus: int | None = Field(
+        None, ge=1,
+        description="Embedded cluster only: CPUs it offers (None: the machine's). Each actor asks "
+        "for its bundle; too few CPUs for world_size x cpus_per_rank + workers x cpus_per_worker "
+        "and placement waits, so the run stops with an error after ray.placement_timeout_s.")
+    placement_timeout_s: float = Field(
+        300.0, gt=0,
+        description="Seconds to wait for the cluster to place the ranks' and workers' actors (e.g. "
+        "for a node to join) before the run stops with an error naming what is missing.")
+    placement: Literal["PACK", "SPREAD"] = Field(
+        "PACK",
+        description="How the training ranks' bundles are placed: PACK fills a node before the next "
+        "(NCCL within a node is fastest); SPREAD puts ranks on different nodes where it can.")
+    max_actor_restarts: int = Field(
+        3, ge=0,
+        description="Times dead rollout workers are re-created within one call (a rollout, a weight "
+        "sync) before the call fails; a re-created worker gets the current weights and plays its "
+        "share again. A dead training rank is not re-created in place: the update fails and a re-run "
+        "resumes from the latest checkpoint.")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is None or v in ("local", "auto") or v.startswith("ray://"):
+            return v
+        host, _, port = v.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"ray.address={v!r}: use null, local, auto, host:port (the head node's "
+                             "GCS port, 6379 by default) or ray://host:10001")
+        return v
+
+
 class PipelineConfig(_Strict):
     run_id: str | None = Field(
         None, description="Pipeline run id; reuse one to resume. None: a new id is generated."
@@ -794,6 +816,8 @@ class PipelineConfig(_Strict):
                                    description="Before/after evaluation on the held-out tasks.")
     store: StoreConfig = Field(default_factory=StoreConfig, description="Trajectory store.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking and checkpoints.")
+    ray: RayConfig = Field(default_factory=RayConfig,
+                           description="The Ray cluster for training ranks and rollout workers beyond the flow's process.")
 
     @model_validator(mode="after")
     def _cross(self) -> "PipelineConfig":
@@ -862,6 +886,26 @@ class PipelineConfig(_Strict):
     def stages(self) -> list[StageSpec]:
         return self.schedule.resolved()
 
+    @property
+    def uses_ray(self) -> bool:
+        """Whether ranks and rollout workers run as Ray actors (``ray.address``)."""
+        return (self.ray.address is not None or self.trainer.world_size > 1
+                or self.rollout.workers > 1)
+
+    @property
+    def seeds_per_episode(self) -> bool:
+        """Whether sampling is seeded per (episode, turn) (``rollout.sampling_seeds``)."""
+        mode = self.rollout.sampling_seeds
+        return mode == "per_episode" or (mode == "auto" and self.rollout.workers > 1)
+
+
+#: fields that are gone, and what replaced them (the error for an old config names the new fields)
+_RAY_NOW = ("training ranks now run as Ray actors: remove it; trainer.world_size sets the ranks and "
+            "ray.address the cluster (null/local: embedded on this host; host:port: a cluster other "
+            "nodes joined with `ray start --address=...`), see docs/scale-out.md")
+REMOVED_FIELDS = {f"trainer.{k}": _RAY_NOW for k in ("hostfile", "nnodes", "master_addr", "master_port",
+                                                     "driver_port")}
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field and the fix."""
@@ -873,7 +917,8 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check its spelling against docs/configuration.md"
+            msg = REMOVED_FIELDS.get(loc, "unknown field; remove it or check its spelling against "
+                                          "docs/configuration.md")
         lines.append(f"  - {loc}: {msg}")
     return "\n".join(lines)
 

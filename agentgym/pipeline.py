@@ -13,10 +13,10 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,7 +28,8 @@ from agentgym.batch import EpisodeBatch
 from agentgym.context import merge_segments
 from agentgym.models.folders import resolve_model
 from agentgym.rollout.engines import engine_for
-from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes
+from agentgym.rollout.engines.base import InferenceEngine
+from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes, run_episodes
 from agentgym.schedule import stage_start
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.training.batch import TrainBatch
@@ -36,6 +37,9 @@ from agentgym.training.protocol import Trainer, create_trainer
 from agentgym.training.value_head import CRITIC_DIR
 from agentgym.types import Episode, Turn
 from env_adapters import make_env
+
+if TYPE_CHECKING:
+    from agentgym.cluster.rollout_pool import RolloutPool
 
 
 def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = False,
@@ -190,7 +194,19 @@ class PolicySession:
         self.run_id = run_id
         self.base_model = resolve_model(cfg.model.name_or_path, cfg.model.cache_dir)
         self.weights = Path(weights) if weights else self.base_model
-        self.engine, self.tokenizer = engine_for(cfg, self.weights)
+        # Rollouts: the engine in this process, or (cfg.uses_ray) rollout workers as Ray actors,
+        # each with its own engine; then this process holds the tokenizer alone.
+        self._engine: InferenceEngine | None = None
+        self.pool: RolloutPool | None = None
+        if cfg.uses_ray:
+            from transformers import AutoTokenizer
+
+            from agentgym.cluster.rollout_pool import RolloutPool
+
+            self.pool = RolloutPool(cfg, str(self.weights))
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.weights), local_files_only=True)
+        else:
+            self._engine, self.tokenizer = engine_for(cfg, self.weights)
         self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
         self._trainer: Trainer | None = None
@@ -210,6 +226,22 @@ class PolicySession:
         self._old_values: dict[tuple[int, int], dict[str, list[float]]] = {}
 
     @property
+    def engine(self) -> InferenceEngine:
+        """The rollout engine in this process (none when rollout workers are Ray actors)."""
+        if self._engine is None:
+            raise RuntimeError("this session's rollouts run on Ray workers (ray.address / rollout.workers / "
+                               "trainer.world_size): use play_episodes, not the engine")
+        return self._engine
+
+    def play_episodes(self, specs: list[EpisodeSpec], settings: RolloutSettings,
+                      on_turn: Callable[[int, int], None] | None = None) -> list[Episode]:
+        """Play ``specs`` with the current policy, nothing stored (evaluation): in this process,
+        or over the rollout workers."""
+        if self.pool is not None:
+            return self.pool.play(specs, settings)
+        return run_episodes(self.engine, self.formatter, specs, settings, make_env=make_env, on_turn=on_turn)
+
+    @property
     def has_trainer(self) -> bool:
         """Whether the trainer was built (an evaluation-only session never builds one)."""
         return self._trainer is not None
@@ -220,6 +252,7 @@ class PolicySession:
             self._trainer = create_trainer(
                 self.weights, self.tokenizer, self.cfg.trainer, self.cfg.algorithm,
                 temperature=self.cfg.rollout.temperature, seed=self.cfg.seed,
+                ray_cfg=self.cfg.ray if self.cfg.uses_ray else None,
             )
         return self._trainer
 
@@ -240,6 +273,8 @@ class PolicySession:
         if existing is not None:  # already committed (resume): never roll out twice
             eps = self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)
             return {"rows": existing.rows, "digest": existing.digest, "reused": True, **episode_metrics(eps)}
+        if self.pool is not None:
+            return self._collect_on_workers(ref, horizon)
         t0 = time.perf_counter()
         tokens_before = self.engine.generated_tokens
         gen_before = self.engine.generate_seconds
@@ -274,6 +309,11 @@ class PolicySession:
             manifest = writer.commit()
             commit_s = time.perf_counter() - t_commit
         generate_s = self.engine.generate_seconds - gen_before
+        return self._collect_metrics(manifest, seconds, gen, generate_s, store_s, commit_s, draws, summaries)
+
+    def _collect_metrics(self, manifest: Any, seconds: float, gen: float, generate_s: float, store_s: float,
+                         commit_s: float, draws: int, summaries: list[EpisodeSummary]) -> dict[str, Any]:
+        shaping = self.cfg.algorithm.invalid_action_penalty
         return {
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
@@ -285,6 +325,48 @@ class PolicySession:
             "sampling_draws": float(draws), "informative_groups": float(informative_groups(summaries, shaping)),
             **episode_metrics(summaries),
         }
+
+    def _collect_on_workers(self, ref: IterationRef, horizon: int) -> dict[str, Any]:
+        """``collect`` over the rollout workers: each plays whole groups and stages its shards;
+        once all are in, this process adopts them and commits the iteration once. Times: the
+        slowest worker's generate / store seconds (the rollout's critical path)."""
+        assert self.pool is not None
+        t0 = time.perf_counter()
+        summaries: list[EpisodeSummary] = []
+        draws, gen, generate_s, store_s = 0, 0.0, 0.0, 0.0
+        wanted = self.cfg.rollout.tasks_per_iteration
+        shaping = self.cfg.algorithm.invalid_action_penalty
+        with self.store.episode_writer(stage=ref.stage, iteration=ref.iteration, global_step=ref.global_step,
+                                       policy_version=self.engine_version,
+                                       chunk_episodes=self.cfg.store.chunk_episodes) as writer:
+            where = {"stage": ref.stage, "iteration": ref.iteration, "global_step": ref.global_step,
+                     "created_at": writer.created_at, "chunk_episodes": self.cfg.store.chunk_episodes}
+            while draws < self.cfg.rollout.max_draws:
+                missing = wanted - informative_groups(summaries, shaping) if draws else wanted
+                if missing <= 0:
+                    break
+                seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
+                specs = plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing)
+                results = self.pool.collect(specs, self.rollout_settings(horizon, seed=seed), self.store.spec(), where)
+                for r in results:
+                    if r["version"] != self.engine_version:
+                        raise RuntimeError(f"a rollout worker played with policy version {r['version']}, "
+                                           f"not the synced {self.engine_version}")
+                    writer.adopt(r["staged"], r["episode_ids"])
+                    summaries.extend(r["summaries"])
+                    gen += r["generated_tokens"]
+                generate_s += max((r["generate_s"] for r in results), default=0.0)
+                store_s += max((r["store_s"] for r in results), default=0.0)
+                draws += 1
+            seconds = time.perf_counter() - t0
+            check_infra_errors(summaries, self.cfg.rollout.max_infra_error_fraction, ref)
+            t_commit = time.perf_counter()
+            manifest = writer.commit()
+            commit_s = time.perf_counter() - t_commit
+        out = self._collect_metrics(manifest, seconds, gen, generate_s, store_s, commit_s, draws, summaries)
+        out["rollout_workers"] = float(self.pool.size)
+        out["rollout_worker_restarts"] = float(self.pool.restarts)
+        return out
 
     # -- 2. advantages ---------------------------------------------------------------------
     def advantages(self, ref: IterationRef) -> dict[str, Any]:
@@ -491,7 +573,16 @@ class PolicySession:
 
     def sync_weights(self) -> None:
         """Hand the trainer's current policy to the inference engine: merged full weights, or
-        (vllm_server) the LoRA adapter, which the engine's servers load from a shared folder."""
+        (vllm_server) the LoRA adapter, which the engine's servers load from a shared folder.
+        With rollout workers: the full weights (LoRA merged) through Ray's object store, from
+        training rank 0 to every worker, never through this process."""
+        if self.pool is not None:
+            # a Ray group hands over a ref to rank 0's weights; a trainer in this process puts its own
+            weights_ref = getattr(self.trainer, "weights_ref", None)
+            weights = weights_ref() if weights_ref is not None else dict(self.trainer.named_weights())
+            self.pool.sync(weights, self.policy_version)
+            self.engine_version = self.policy_version
+            return
         if self.engine.syncs_adapters:
             self.engine.update_adapter(self.trainer.save_adapter)
         else:
@@ -570,7 +661,10 @@ class PolicySession:
             if trainer is not None:
                 trainer.close()
         finally:
-            self.engine.close()
+            if self.pool is not None:
+                self.pool.close()
+            if self._engine is not None:
+                self._engine.close()
 
     # -- 4. checkpoint ---------------------------------------------------------------------
     def export(self, out_dir: str | Path) -> Path:

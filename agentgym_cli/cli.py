@@ -23,11 +23,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentGym-RL 
 models_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
 env_app = typer.Typer(no_args_is_help=True, help="Run environments.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
-group_app = typer.Typer(no_args_is_help=True, help="Multi-node training groups (trainer.nnodes > 1).")
 app.add_typer(models_app, name="models")
 app.add_typer(env_app, name="env")
 app.add_typer(config_app, name="config")
-app.add_typer(group_app, name="group")
 app.add_typer(eval_app, name="eval")
 app.command("inspect")(inspect_cmd)
 app.command("view")(view_cmd)
@@ -187,26 +185,6 @@ def config_check(config: Path = typer.Argument(..., help="YAML config to validat
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     print("ok:", ", ".join(f"stage {i}: horizon {s.horizon} x {s.iterations}" for i, s in enumerate(cfg.stages)))
-
-
-@group_app.command("join")
-def group_join(config: Path = typer.Option(..., "--config", "-c", help="The pipeline's YAML config."),
-               node_rank: int = typer.Option(..., "--node-rank", help="This node, 1 .. trainer.nnodes - 1."),
-               set_: list[str] = typer.Option([], "--set", help="The pipeline's overrides, if any."),
-               log_dir: Path = typer.Option(Path("agentgym-group-logs"), help="Where this node's rank logs go.")) -> None:
-    """Run this node's ranks of the pipeline's training group (trainer.nnodes > 1) until the group
-    ends. Start it on every other node, before or after the pipeline; AGENTGYM_GROUP_AUTHKEY must
-    be set, the same on every node."""
-    from agentgym.config import ConfigError, load_config
-    from agentgym.training.group.launcher import join_node
-
-    try:
-        cfg = load_config(config, set_)
-        code = join_node(cfg.trainer, node_rank, log_dir)
-    except (ConfigError, ValueError) as e:
-        console.print(str(e), style="red", markup=False)
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
 
 
 @env_app.command("serve")

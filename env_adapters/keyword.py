@@ -10,6 +10,7 @@ learning sanity tests, where a 1-in-500 exact word would give no signal).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from env_adapters.base import StepResult, TextEnv, format_error
@@ -20,13 +21,19 @@ MAX_REPLY_CHARS = 2000
 class KeywordEnv(TextEnv):
     name = "keyword"
 
-    def __init__(self, target: str = "yes", mode: Literal["starts_with", "char_share"] = "starts_with"):
+    def __init__(self, target: str = "yes", mode: Literal["starts_with", "char_share"] = "starts_with",
+                 step_delay_s: float = 0.0):
         if not target:
             raise ValueError("keyword env: target must be a non-empty string")
         if mode not in ("starts_with", "char_share"):
             raise ValueError(f"keyword env: mode must be 'starts_with' or 'char_share', got {mode!r}")
+        if step_delay_s < 0:
+            raise ValueError(f"keyword env: step_delay_s must be >= 0, got {step_delay_s}")
         self.target = target
         self.mode = mode
+        # seconds each step waits, as a remote environment server would (tests and benchmarks of
+        # rollout concurrency: bench/rollout_scaling.py)
+        self.step_delay_s = float(step_delay_s)
         self._task = -1
         self._done = True
 
@@ -49,6 +56,8 @@ class KeywordEnv(TextEnv):
     def step(self, action_text: str) -> StepResult:
         if self._done:
             raise RuntimeError("keyword env: step() after the episode ended; call reset()")
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         reply = action_text.strip()
         if reply.lower().startswith("action:"):  # accept the ReAct form too
             reply = reply[len("action:"):].strip()

@@ -81,14 +81,15 @@ def merged_table(reports: list[EvalReport]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def _reports(engine: InferenceEngine, formatter: ChatFormatter, config: PipelineConfig,
-             settings: EvalSettings) -> list[EvalReport]:
+def _reports(engine: InferenceEngine | None, formatter: ChatFormatter, config: PipelineConfig,
+             settings: EvalSettings, play: Any = None) -> list[EvalReport]:
+    """``play``: how episodes are played instead of ``engine`` (a session's rollout workers)."""
     s = settings
-    reports = [evaluate(engine, formatter, config, s.tasks_by_env, k=s.k, horizon=s.horizon, greedy=False,
-                        seed=s.seed)]
+    reports = [evaluate(engine, formatter, config, s.tasks_by_env, k=s.k, horizon=s.horizon, greedy=False,  # type: ignore[arg-type]
+                        seed=s.seed, play=play)]
     if s.greedy_too:
-        reports.append(evaluate(engine, formatter, config, s.tasks_by_env, k=1, horizon=s.horizon, greedy=True,
-                                seed=s.seed))
+        reports.append(evaluate(engine, formatter, config, s.tasks_by_env, k=1, horizon=s.horizon, greedy=True,  # type: ignore[arg-type]
+                                seed=s.seed, play=play))
     return reports
 
 
@@ -163,6 +164,6 @@ def evaluate_live_run(config: PipelineConfig, run_id: str, settings: EvalSetting
         return {**out, **empty}
     t0 = time.perf_counter()
     session = get_session(config, run_id)
-    reports = _reports(session.engine, session.formatter, config, settings)
+    reports = _reports(None, session.formatter, config, settings, play=session.play_episodes)
     return {**out, **_record(config, reports, sink, sink.label or f"run {run_id}",
                              f"{run_id}-step-{sink.step}", time.perf_counter() - t0)}

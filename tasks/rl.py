@@ -22,7 +22,7 @@ from agentgym.registry.champion import materialize
 from agentgym.registry.policy_model import log_policy_model
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.tracking.tracker import Tracker
-from agentgym.training.group.driver import GroupError
+from agentgym.training.protocol import GroupError
 from tasks.runtime import drop_session, get_session
 
 TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept

@@ -275,6 +275,7 @@ def evaluate(
     batch_episodes: int = 64,
     make_env: Callable[..., Any] | None = None,
     on_turn: Callable[[int, int], None] | None = None,
+    play: Callable[[list[EpisodeSpec], RolloutSettings], list[Episode]] | None = None,
 ) -> EvalReport:
     """Play ``n`` (default ``k``) episodes of every held-out task and score them.
 
@@ -309,7 +310,10 @@ def evaluate(
     episodes: list[Episode] = []
     for b, specs in enumerate(batches):
         settings = RolloutSettings.from_config(cfg, horizon, seed=seed * 1_000_003 + b, greedy=greedy)
-        episodes.extend(run_episodes(engine, formatter, specs, settings, make_env=make_env, on_turn=on_turn))
+        if play is not None:  # e.g. a training session's rollout workers (PolicySession.play_episodes)
+            episodes.extend(play(specs, settings))
+        else:
+            episodes.extend(run_episodes(engine, formatter, specs, settings, make_env=make_env, on_turn=on_turn))
     label_of = {s.episode_id: s.group_id.split(":")[1] for g in groups for s in g}
     by_task: dict[tuple[str, int], list[Episode]] = {}
     for ep in episodes:

@@ -85,6 +85,31 @@ class EpisodeWriter:
         """Bytes written to staged shards so far (both tables)."""
         return sum(s.nbytes for shards in self._staged.values() for s in shards)
 
+    # -- writers in other processes (rollout workers)
+    def hand_off(self) -> dict[str, list[StagedShard]]:
+        """Stage what is buffered and give the staged shards to the writer that commits them
+        (``adopt``, in the flow's process); this writer is then done and deletes nothing. A
+        rollout worker ends its share of an iteration with this: the driver commits once."""
+        self.flush()
+        staged, self._staged = self._staged, {"episodes": [], "turns": []}
+        self._state = "handed_off"
+        return staged
+
+    def adopt(self, staged: dict[str, list[StagedShard]], episode_ids: Iterable[str]) -> None:
+        """Take over shards another writer of the same iteration staged (``hand_off``), so that
+        ``commit`` publishes them with this writer's own, and ``abort`` deletes them too.
+        ``episode_ids``: the episodes they hold; an id already added or adopted is refused (a
+        re-played share must not be committed twice)."""
+        self._check_open()
+        ids = list(episode_ids)
+        dup = self._seen.intersection(ids)
+        if dup or len(set(ids)) != len(ids):
+            raise ValueError(f"episodes {sorted(dup)[:3] or ids[:3]} were staged twice for "
+                             f"{self.stage}-{self.iteration}; adopt each worker's shards once")
+        self._seen.update(ids)
+        for name in self._staged:
+            self._staged[name].extend(staged.get(name, []))
+
     # -- ending
     def commit(self) -> CommitManifest:
         """Publish every staged shard and commit the iteration once; returns the episodes
@@ -155,7 +180,7 @@ class EpisodeWriter:
     def abort(self, published: list[StagedShard] | None = None) -> None:
         """Delete every shard this writer wrote (staged, or already renamed: ``published``);
         nothing of it was committed. Safe to call twice."""
-        if self._state == "committed":
+        if self._state in ("committed", "handed_off"):
             return
         renamed = {id(s) for s in published or []}
         paths = [self.store.abs_path(s.rel) if id(s) in renamed else s.tmp

@@ -1,7 +1,7 @@
 """DeepSpeed policy trainer: PPO-clip updates on multi-turn batches.
 
-World size 1 runs in the caller's process (the Prefect flow's); world size N > 1 runs as a
-resident group of N ranks (``agentgym.training.group.driver.ResidentGroup``), each rank holding a
+World size 1 runs in the caller's process (the Prefect flow's); world size N > 1 runs as N
+Ray actors (``agentgym.cluster.trainer_group.RayTrainerGroup``), each rank holding a
 ``PolicyTrainer`` over the same code path. Both implement ``agentgym.training.protocol.Trainer``. The update honours ``ppo_epochs`` and
 ``mini_batches`` (``ppo_epochs * mini_batches`` optimizer steps per batch: the original
 AgentGym-RL ignored ``ppo_epochs``), micro-batches inside a mini-batch are accumulated with
@@ -50,7 +50,7 @@ from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.training.batch import TrainBatch
 from agentgym.training.finite import FiniteWatch, NonFiniteTrainingError
 from agentgym.training.forward import LogprobModel, ValueModel, token_logprobs
-from agentgym.training.group.dist_env import init_single_process_dist
+from agentgym.training.dist_env import init_single_process_dist
 from agentgym.training.seeding import rng_state, seed_everything, set_rng_state
 from agentgym.training.value_head import CRITIC_DIR, VALUE_HEAD_FILE, load_value_head, new_value_head, read_critic_folder
 

@@ -1,7 +1,8 @@
 """The trainer protocol the pipeline is typed against, and the factory that picks one.
 
 Two implementations: ``training.PolicyTrainer`` (DeepSpeed in this process, world size 1) and
-``distributed.ResidentGroup`` (N ranks started once, each holding a ``PolicyTrainer``). The
+``agentgym.cluster.trainer_group.RayTrainerGroup`` (N ranks as Ray actors, each holding a
+``PolicyTrainer``). The
 pipeline calls only what is declared here, so it never asks which one it holds.
 """
 
@@ -13,10 +14,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from agentgym.config import AlgorithmConfig, TrainerConfig
+from agentgym.config import AlgorithmConfig, RayConfig, TrainerConfig
 from agentgym.training.batch import TrainBatch
-from agentgym.training.group.driver import ResidentGroup
 from agentgym.training.policy_trainer import PolicyTrainer
+
+
+class GroupError(RuntimeError):
+    """A rank of a multi-rank training group died or failed; the group is down (the pipeline
+    drops the session, and a re-run resumes from the latest checkpoint)."""
 
 
 @runtime_checkable
@@ -65,8 +70,12 @@ class Trainer(Protocol):
 
 
 def create_trainer(model_path: str | Path, tokenizer: Any, trainer: TrainerConfig, algorithm: AlgorithmConfig,
-                   temperature: float = 1.0, seed: int = 0) -> Trainer:
-    """The trainer for ``trainer.world_size``: a ``PolicyTrainer`` in this process at 1, a
-    ``ResidentGroup`` of N ranks above."""
-    cls = ResidentGroup if trainer.world_size > 1 else PolicyTrainer
-    return cls(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)
+                   temperature: float = 1.0, seed: int = 0, ray_cfg: RayConfig | None = None) -> Trainer:
+    """A ``PolicyTrainer`` in this process, or (``ray_cfg`` given, or ``trainer.world_size`` > 1)
+    a ``RayTrainerGroup`` of ``world_size`` rank actors on the cluster ``ray_cfg`` names."""
+    if ray_cfg is None and trainer.world_size == 1:
+        return PolicyTrainer(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)
+    from agentgym.cluster.trainer_group import RayTrainerGroup  # Ray is imported only on this path
+
+    return RayTrainerGroup(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed,
+                           ray_cfg=ray_cfg)

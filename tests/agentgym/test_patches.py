@@ -166,7 +166,7 @@ class _Tied(torch.nn.Module):
 def ds_engine():
     import deepspeed
 
-    from agentgym.training.group.dist_env import init_single_process_dist
+    from agentgym.training.dist_env import init_single_process_dist
 
     init_single_process_dist()
     torch.manual_seed(0)

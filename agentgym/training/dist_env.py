@@ -1,7 +1,6 @@
-"""Process-group plumbing shared by the in-process trainer and the resident group's launcher:
-free ports, the one-rank process group DeepSpeed wants (set up without compiling DeepSpeed's
-CPU shared-memory comm op: ``agentgym.patches.deepspeed.skip_shm_comm_build``), and the
-environment handed to ranks."""
+"""Process-group plumbing for the trainer: free ports, and the process group DeepSpeed wants
+(one rank in the flow's process, or a Ray rank actor's share of a group), set up without
+compiling DeepSpeed's CPU shared-memory comm op (``agentgym.patches.deepspeed.skip_shm_comm_build``)."""
 
 from __future__ import annotations
 
@@ -10,11 +9,7 @@ import socket
 
 import torch
 
-import agentgym
 from agentgym.patches.deepspeed import skip_shm_comm_build
-
-# Set by a launcher for its ranks; the driver's own one-rank group must not leak them into children.
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -47,19 +42,3 @@ def init_single_process_dist() -> None:
     finally:
         if own_port:
             os.environ.pop("MASTER_PORT", None)
-
-
-def rank_env(threads_per_rank: int, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a launcher and its ranks: this package importable, the cores split
-    between ranks, and none of this process's own rank variables."""
-    env = dict(os.environ)
-    pkg_root = str(agentgym.PACKAGE_ROOT)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = str(threads_per_rank)
-    env["AGENTGYM_THREADS"] = str(threads_per_rank)
-    env.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for k in RANK_VARS:
-        env.pop(k, None)
-    env.update(extra or {})
-    return env

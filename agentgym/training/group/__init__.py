@@ -1,1 +1,0 @@
-"""Training at world size N > 1: a resident group of DeepSpeed ranks (driver, launcher, channel, rank)."""
