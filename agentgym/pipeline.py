@@ -39,6 +39,8 @@ from agentgym.types import Episode, Turn
 from env_adapters import make_env
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from agentgym.cluster.rollout_pool import RolloutPool
 
 
@@ -198,6 +200,7 @@ class PolicySession:
         # each with its own engine; then this process holds the tokenizer alone.
         self._engine: InferenceEngine | None = None
         self.pool: RolloutPool | None = None
+        self.tokenizer: PreTrainedTokenizerBase
         if cfg.uses_ray:
             from transformers import AutoTokenizer
 
