@@ -178,3 +178,36 @@ def test_a_cuda_engine_without_a_gpu_is_refused_with_the_fix(monkeypatch):
         resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == "cuda"
+
+
+@pytest.mark.parametrize("old", ["hostfile", "nnodes", "master_addr", "master_port", "driver_port"])
+def test_a_removed_multinode_field_names_the_ray_fields(old):
+    with pytest.raises(ConfigError) as e:
+        parse_config({"trainer": {"world_size": 2, old: 1}})
+    msg = str(e.value)
+    assert f"trainer.{old}" in msg and "ray.address" in msg and "trainer.world_size" in msg
+
+
+@pytest.mark.parametrize("address", [None, "local", "auto", "10.1.2.3:6379", "head:6379", "ray://head:10001"])
+def test_ray_addresses_that_parse(address):
+    assert parse_config({"ray": {"address": address}}).ray.address == address
+
+
+@pytest.mark.parametrize("address", ["head", "head:port", ":6379"])
+def test_a_bad_ray_address_says_what_to_write(address):
+    with pytest.raises(ConfigError, match=r"ray.address.*host:port"):
+        parse_config({"ray": {"address": address}})
+
+
+def test_ray_is_used_only_when_asked_for_or_needed():
+    assert not parse_config({}).uses_ray  # the quickstart's path: no Ray at all
+    assert parse_config({"ray": {"address": "local"}}).uses_ray
+    assert parse_config({"rollout": {"workers": 2}}).uses_ray
+    assert parse_config({"trainer": {"world_size": 2}}).uses_ray
+
+
+def test_sampling_seeds_follow_the_worker_count_unless_set():
+    assert not parse_config({}).seeds_per_episode  # recorded results keep their sampling
+    assert parse_config({"rollout": {"workers": 2}}).seeds_per_episode
+    assert parse_config({"rollout": {"sampling_seeds": "per_episode"}}).seeds_per_episode
+    assert not parse_config({"rollout": {"workers": 2, "sampling_seeds": "per_call"}}).seeds_per_episode
