@@ -762,6 +762,14 @@ class RayConfig(_Strict):
         description="Custom Ray resources each rollout worker asks for beside its CPUs/GPUs, to keep "
         "workers on the nodes meant for them: e.g. {rollout_node: 1} with nodes started as `ray start "
         "--address=HEAD:6379 --resources='{\"rollout_node\": 4}'`. {}: any node.")
+    weight_sync: Literal["object_store", "broadcast", "cuda_ipc"] = Field(
+        "object_store",
+        description="How full weights go from training rank 0 to the rollout workers after each "
+        "update. object_store: rank 0 puts them in Ray's object store once, each worker fetches them "
+        "from its node's store (any cluster). broadcast: rank 0 and the workers form a process group "
+        "of their own (NCCL on GPUs, gloo on CPUs) and rank 0 broadcasts the weights in byte buckets "
+        "(as OpenRLHF); NCCL refuses two members on one GPU. cuda_ipc: trainer and workers share one "
+        "GPU (ray.gpus_per_worker a fraction); workers map rank 0's tensors by CUDA IPC handles.")
     num_cpus: int | None = Field(
         None, ge=1,
         description="Embedded cluster only: CPUs it offers (None: the machine's). Each actor asks "
@@ -781,6 +789,14 @@ class RayConfig(_Strict):
         "sync) before the call fails; a re-created worker gets the current weights and plays its "
         "share again. A dead training rank is not re-created in place: the update fails and a re-run "
         "resumes from the latest checkpoint.")
+
+    @model_validator(mode="after")
+    def _ipc_needs_a_gpu(self) -> "RayConfig":
+        if self.weight_sync == "cuda_ipc" and self.gpus_per_worker <= 0:
+            raise ValueError("ray.weight_sync=cuda_ipc maps the trainer's GPU memory into the workers: give "
+                             "each worker a share of that GPU (ray.gpus_per_worker, e.g. 0.5), or use "
+                             "weight_sync: object_store / broadcast")
+        return self
 
     @field_validator("address")
     @classmethod

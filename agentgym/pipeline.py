@@ -201,6 +201,7 @@ class PolicySession:
         self._engine: InferenceEngine | None = None
         self.pool: RolloutPool | None = None
         self.tokenizer: PreTrainedTokenizerBase
+        self._weight_sync: Any = None  # agentgym.cluster.weight_sync.WeightSync, at the first sync
         if cfg.uses_ray:
             from transformers import AutoTokenizer
 
@@ -579,11 +580,15 @@ class PolicySession:
         (vllm_server) the LoRA adapter, which the engine's servers load from a shared folder.
         With rollout workers: the full weights (LoRA merged) through Ray's object store, from
         training rank 0 to every worker, never through this process."""
-        if self.pool is not None:
-            # a Ray group hands over a ref to rank 0's weights; a trainer in this process puts its own
-            weights_ref = getattr(self.trainer, "weights_ref", None)
-            weights = weights_ref() if weights_ref is not None else dict(self.trainer.named_weights())
-            self.pool.sync(weights, self.policy_version)
+        if self.pool is not None:  # from rank 0 over ray.weight_sync's channel (agentgym.cluster.weight_sync)
+            from agentgym.cluster.trainer_group import RayTrainerGroup
+            from agentgym.cluster.weight_sync import WeightSync
+
+            trainer = self.trainer
+            assert isinstance(trainer, RayTrainerGroup)  # create_trainer's choice whenever Ray is used
+            if self._weight_sync is None:
+                self._weight_sync = WeightSync(self.cfg.ray.weight_sync, self.cfg.ray.placement_timeout_s)
+            self._weight_sync(trainer, self.pool, self.policy_version)
             self.engine_version = self.policy_version
             return
         if self.engine.syncs_adapters:
@@ -660,6 +665,8 @@ class PolicySession:
     def close(self) -> None:
         """Release the trainer (a resident group's ranks stop) and the inference engine."""
         trainer, self._trainer = self._trainer, None
+        if self._weight_sync is not None:
+            self._weight_sync.close(trainer, self.pool)
         try:
             if trainer is not None:
                 trainer.close()

@@ -71,6 +71,38 @@ class RolloutWorker:
         self.version = version
         return time.perf_counter() - t0
 
+    def channel_join(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                     timeout_s: float) -> None:
+        """Join the weight channel's broadcast group as receiver ``rank`` (1..)."""
+        from agentgym.cluster.weight_channel import BroadcastGroup
+
+        self.channel_close()
+        self.channel: BroadcastGroup | None = BroadcastGroup.join(host, port, rank, world_size, backend, timeout_s)
+
+    def channel_receive(self, metas: Any, version: int) -> float:
+        """Receive one broadcast of the weights (``metas``: rank 0's) and load it."""
+        t0 = time.perf_counter()
+        assert self.channel is not None, "channel_join first"
+        self.engine.update_weights(self.channel.receive(metas))
+        self.version = version
+        return time.perf_counter() - t0
+
+    def channel_close(self) -> None:
+        old = getattr(self, "channel", None)
+        self.channel = None
+        if old is not None:
+            old.close()
+
+    def load_ipc(self, payload: Any, version: int) -> float:
+        """Load the weights behind CUDA IPC handles (trainer rank 0 on this GPU) into the engine."""
+        from agentgym.cluster.weight_channel import open_ipc_handles
+
+        t0 = time.perf_counter()
+        self.engine.update_weights(open_ipc_handles(payload))
+        torch.cuda.synchronize()
+        self.version = version
+        return time.perf_counter() - t0
+
     def collect(self, specs: list[EpisodeSpec], settings: RolloutSettings, store: dict[str, Any],
                 where: dict[str, Any]) -> dict[str, Any]:
         """Play ``specs`` and stage their shards in ``store`` for iteration ``where`` (stage,
@@ -150,6 +182,10 @@ class RolloutPool:
         self.weights_path = str(weights)
         self.version = 0
         self._weights_ref: Any = None  # the weights the workers hold (a re-created one gets them)
+        # where a re-created worker gets the weights when no object ref is kept (the broadcast
+        # and CUDA IPC channels): a callable returning an object ref to them (the trainer's)
+        self.weights_source: Any = None
+        self.members_changed = False  # a worker was re-created: a broadcast group must re-form
         self.restarts = 0
         self.timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -186,11 +222,30 @@ class RolloutPool:
             pass
         worker = self._new_worker(index)
         self._wait_ready([worker], f"re-creating worker {index}")
-        if self._weights_ref is not None:
-            ray.get(worker.update_weights.remote(self._weights_ref, self.version))
+        ref = self._weights_ref
+        if ref is None and self.weights_source is not None and self.version > 0:
+            ref = self.weights_source()  # through the object store, whatever the channel
+        if ref is not None:
+            ray.get(worker.update_weights.remote(ref, self.version))
         self._workers[index] = worker
+        self.members_changed = True
         self.restarts += 1
         log.warning("rollout worker %d re-created and resynced to policy version %d", index, self.version)
+
+    @property
+    def workers(self) -> list[Any]:
+        """The worker actors (index order), for the weight channel's calls."""
+        return list(self._workers)
+
+    def each(self, call: Any, what: str) -> list[Any]:
+        """``call(index, worker)`` -> object ref, on every worker; the answers in index order
+        (a dead worker is re-created and asked again)."""
+        return self._each(call, what)
+
+    def mark_synced(self, version: int) -> None:
+        """Record that every worker now holds policy ``version`` (synced over a channel that
+        keeps no object ref)."""
+        self._weights_ref, self.version = None, version
 
     @property
     def pids(self) -> list[int]:

@@ -103,6 +103,49 @@ class TrainerRank:
     def pid(self) -> int:
         return os.getpid()
 
+    # -- the weight channel's GPU paths (agentgym.cluster.weight_sync drives them) -------------
+    def channel_metas(self) -> Any:
+        """Rank 0's ``weight_metas`` of the policy (every rank iterates: ZeRO-3 gathers)."""
+        from agentgym.cluster.weight_channel import weight_metas
+
+        metas = weight_metas(self.trainer.named_weights())
+        return metas if self.rank == 0 else None
+
+    def channel_join(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> None:
+        """Rank 0 joins the broadcast group as its sender (rank 0); other ranks have no part."""
+        from agentgym.cluster.weight_channel import BroadcastGroup
+
+        self.channel_close()
+        if self.rank == 0:
+            self.channel: BroadcastGroup | None = BroadcastGroup.join(host, port, 0, world_size, backend, timeout_s)
+
+    def channel_send(self) -> None:
+        """One broadcast of the policy from rank 0 (the others iterate for ZeRO-3's gathers)."""
+        named = self.trainer.named_weights()
+        if self.rank == 0:
+            assert self.channel is not None, "channel_join first"
+            self.channel.send(named)
+        else:
+            for _ in named:
+                pass
+
+    def channel_close(self) -> None:
+        old = getattr(self, "channel", None)
+        self.channel = None
+        if old is not None:
+            old.close()
+
+    def ipc_export(self) -> Any:
+        """Rank 0: CUDA IPC handles of the policy's weights (kept alive here until the next
+        export), for engines on the same GPU."""
+        from agentgym.cluster.weight_channel import ipc_handles
+
+        named = list(self.trainer.named_weights())
+        if self.rank != 0:
+            return None
+        self._ipc = ipc_handles(named)
+        return self._ipc
+
 
 class RayTrainerGroup:
     """N training ranks as Ray actors; the driver's side (a ``Trainer``, like ``PolicyTrainer``)."""
@@ -256,6 +299,13 @@ class RayTrainerGroup:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights, fetched into this process (an in-process engine's sync)."""
         return iter(self._get([self.weights_ref()], "weights")[0].items())
+
+    @property
+    def ranks(self) -> list[Any]:
+        """The rank actors (rank order), for the weight channel's calls."""
+        if self._broken is not None:
+            raise self._broken
+        return list(self._ranks)
 
     def weight_digests(self) -> dict[int, str]:
         if self._broken is not None:

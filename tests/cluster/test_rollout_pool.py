@@ -148,10 +148,11 @@ def test_a_lost_nodes_workers_are_placed_again_when_a_node_joins(model_cache, tm
             ray_cluster.remove_node(joined)
 
 
-def test_full_fine_tuning_syncs_full_weights_to_two_workers(model_cache, tmp_path, ray_address):
+@pytest.mark.parametrize("channel", ["object_store", "broadcast"])
+def test_full_fine_tuning_syncs_full_weights_to_two_workers(model_cache, tmp_path, ray_address, channel):
     # the dense char_share reward: groups carry a signal, so the weights move
     cfg = _config(model_cache, tmp_path, ray_address, 2, env=keyword_env(tasks=[0, 1, 2, 3]),
-                  trainer={"world_size": 2, "micro_batch_size": 2})
+                  trainer={"world_size": 2, "micro_batch_size": 2}, ray={"weight_sync": channel})
     session = PolicySession(cfg, "full-ft")
     try:
         import ray
@@ -167,5 +168,32 @@ def test_full_fine_tuning_syncs_full_weights_to_two_workers(model_cache, tmp_pat
         held = ray.get([w.digest.remote() for w in session.pool._workers])
         assert held == [trained[0]] * 2  # every worker serves exactly the trained weights
         assert held != before  # and they are not the base model's
+    finally:
+        session.close()
+
+
+def test_the_broadcast_group_reforms_after_a_worker_is_recreated(model_cache, tmp_path, ray_address):
+    """weight_sync: broadcast (gloo here, NCCL on GPUs): a worker killed between two updates is
+    re-created with the current weights through the object store, and the next sync re-forms
+    the group with it; every worker ends on the trained weights."""
+    import ray
+
+    cfg = _config(model_cache, tmp_path, ray_address, 2, env=keyword_env(tasks=[0, 1, 2, 3]),
+                  ray={"weight_sync": "broadcast"})
+    session = PolicySession(cfg, "broadcast-kill")
+    try:
+        for it in range(2):
+            ref = IterationRef(0, it, it)
+            if it == 1:
+                os.kill(session.pool.pids[1], signal.SIGKILL)
+            out = session.collect(ref, horizon=3)
+            assert out["rows"] == 8
+            session.advantages(ref)
+            assert session.update(ref)["updated"]
+        assert session.pool.restarts == 1
+        trained = session.trainer.weight_digests()[0]
+        assert ray.get([w.digest.remote() for w in session.pool.workers]) == [trained] * 2
+        episodes = pd.DataFrame(session.store.read_table("episodes", stage=0, iteration=1))
+        assert set(episodes["policy_version"]) == {1}
     finally:
         session.close()
