@@ -880,12 +880,19 @@ class PipelineConfig(_Strict):
         return self
 
     def _check_vllm_server(self) -> None:
+        if self.uses_ray:
+            raise ValueError(
+                "rollout.engine=vllm_server with Ray (ray.address, rollout.workers or trainer.world_size > 1): "
+                "rollout workers receive full weights from training rank 0, which `vllm serve` endpoints "
+                "cannot take; give each worker its own engine (rollout.engine: vllm on GPU workers, or hf), "
+                "or keep vllm_server with ray.address: null and one rank")
         lora = self.trainer.lora
         if lora is None:
             raise ValueError(
                 "rollout.engine=vllm_server syncs weights as LoRA adapters (POST /v1/load_lora_adapter): "
-                "set trainer.lora (e.g. {r: 8}); full fine-tuning has no working weight-reload route on "
-                "vLLM 0.32's CPU backend (docs/scale-out.md), use rollout.engine: vllm for it")
+                "set trainer.lora (e.g. {r: 8}); for full fine-tuning with rollouts on other hosts use Ray "
+                "rollout workers (rollout.workers, rollout.engine: vllm or hf), which receive full weights "
+                "(docs/scale-out.md)")
         if lora.modules_to_save:
             raise ValueError(
                 f"trainer.lora.modules_to_save={lora.modules_to_save}: vLLM LoRA adapters carry only "

@@ -211,3 +211,15 @@ def test_sampling_seeds_follow_the_worker_count_unless_set():
     assert parse_config({"rollout": {"workers": 2}}).seeds_per_episode
     assert parse_config({"rollout": {"sampling_seeds": "per_episode"}}).seeds_per_episode
     assert not parse_config({"rollout": {"workers": 2, "sampling_seeds": "per_call"}}).seeds_per_episode
+
+
+def test_vllm_server_endpoints_with_ray_workers_are_refused_with_the_alternative():
+    with pytest.raises(ConfigError, match=r"rollout workers receive full weights.*rollout.engine: vllm"):
+        parse_config({"rollout": {"engine": "vllm_server", "servers": ["http://127.0.0.1:8000"], "workers": 2},
+                      "trainer": {"lora": {"r": 8}}})
+
+
+def test_cuda_ipc_weight_sync_needs_a_gpu_share():
+    with pytest.raises(ConfigError, match="ray.gpus_per_worker"):
+        parse_config({"ray": {"weight_sync": "cuda_ipc"}})
+    assert parse_config({"ray": {"weight_sync": "cuda_ipc", "gpus_per_worker": 0.5}}).ray.gpus_per_worker == 0.5
