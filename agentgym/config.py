@@ -770,6 +770,10 @@ class RayConfig(_Strict):
         "of their own (NCCL on GPUs, gloo on CPUs) and rank 0 broadcasts the weights in byte buckets "
         "(as OpenRLHF); NCCL refuses two members on one GPU. cuda_ipc: trainer and workers share one "
         "GPU (ray.gpus_per_worker a fraction); workers map rank 0's tensors by CUDA IPC handles.")
+    rank_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each training rank's bundle asks for beside its CPUs/GPUs "
+        "(as worker_resources, for the ranks), e.g. {trainer_node: 1}. {}: any node.")
     num_cpus: int | None = Field(
         None, ge=1,
         description="Embedded cluster only: CPUs it offers (None: the machine's). Each actor asks "

@@ -103,6 +103,18 @@ class TrainerRank:
     def pid(self) -> int:
         return os.getpid()
 
+    def save_hf_files(self) -> dict[str, bytes] | None:
+        """Export the policy into a folder of this node and return its files (rank 0; every rank
+        takes part: ZeRO-3 gathers): how an export reaches a driver on another node."""
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory(prefix="agentgym-export-") as d:
+            self.trainer.save_hf(d, None)
+            if self.rank != 0:
+                return None
+            return {str(p.relative_to(d)): p.read_bytes() for p in sorted(Path(d).rglob("*")) if p.is_file()}
+
     # -- the weight channel's GPU paths (agentgym.cluster.weight_sync drives them) -------------
     def channel_metas(self) -> Any:
         """Rank 0's ``weight_metas`` of the policy (every rank iterates: ZeRO-3 gathers)."""
@@ -174,7 +186,7 @@ class RayTrainerGroup:
     # -- life cycle ------------------------------------------------------------------------
     def _bundles(self) -> list[dict[str, float]]:
         gpus = ray.cluster_resources().get("GPU", 0.0)
-        bundle = {"CPU": self.ray_cfg.cpus_per_rank}
+        bundle = {"CPU": self.ray_cfg.cpus_per_rank, **self.ray_cfg.rank_resources}
         if gpus >= self.world_size:
             bundle["GPU"] = 1.0
         return [dict(bundle) for _ in range(self.world_size)]
@@ -189,6 +201,7 @@ class RayTrainerGroup:
         self._ranks = [
             TrainerRank.options(  # type: ignore[attr-defined]
                 num_cpus=bundles[r]["CPU"], num_gpus=bundles[r].get("GPU", 0.0),
+                resources={k: v for k, v in bundles[r].items() if k not in ("CPU", "GPU")},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=r),
                 runtime_env={"env_vars": env}, max_restarts=0,
             ).remote(r, self.world_size, threads)
@@ -318,8 +331,19 @@ class RayTrainerGroup:
         return out
 
     def save_hf(self, out_dir: str | Path, tokenizer: Any = None) -> Path:
+        """Export the policy as an HF folder in ``out_dir`` on this (the driver's) machine: rank 0
+        writes it there when it runs on the driver's node, else it exports on its own node and the
+        files come back through the object store (no shared filesystem needed)."""
         out = Path(out_dir).resolve()
-        self._all("save_hf", "save_hf", str(out), None)
+        if self.rank_nodes.get(0) == ray.get_runtime_context().get_node_id():
+            self._all("save_hf", "save_hf", str(out), None)
+        else:
+            if self._broken is not None:
+                raise self._broken
+            files = self._get([a.save_hf_files.remote() for a in self._ranks], "save_hf")[0]
+            for rel, data in files.items():
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                (out / rel).write_bytes(data)
         (tokenizer or self.tokenizer).save_pretrained(out)
         return out
 
