@@ -276,6 +276,8 @@ class RolloutPool:
             except ray.exceptions.RayActorError as e:
                 failures += 1
                 if failures > self.cfg.ray.max_actor_restarts:
+                    self._abandon(pending)
+                    self._replace(i)  # so that the next call (the task's retry) starts with live workers
                     raise RolloutWorkerError(
                         f"{what}: rollout worker {i} died again ({failures} failures in one call, "
                         f"ray.max_actor_restarts={self.cfg.ray.max_actor_restarts}): {str(e).splitlines()[0]}"
@@ -285,6 +287,14 @@ class RolloutPool:
                 self._replace(i)
                 pending[i] = call(i, self._workers[i])
         return [out[i] for i in range(len(self._workers))]
+
+    def _abandon(self, pending: dict[int, Any]) -> None:
+        """Cancel the calls still running (a failed rollout: their shares will not be committed)."""
+        for ref in pending.values():
+            try:
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001 - already finished or gone
+                pass
 
     # -- rollouts ----------------------------------------------------------------------------
     def collect(self, specs: list[EpisodeSpec], settings: RolloutSettings, store: dict[str, Any],

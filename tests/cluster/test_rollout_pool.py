@@ -197,3 +197,25 @@ def test_the_broadcast_group_reforms_after_a_worker_is_recreated(model_cache, tm
         assert set(episodes["policy_version"]) == {1}
     finally:
         session.close()
+
+
+def test_a_worker_dying_too_often_fails_the_rollout_and_commits_nothing(model_cache, tmp_path, ray_address):
+    from agentgym.cluster.rollout_pool import RolloutWorkerError
+
+    env = keyword_env(tasks=[0, 1, 2, 3], kwargs={"target": "yes", "mode": "starts_with", "step_delay_s": 0.5})
+    cfg = _config(model_cache, tmp_path, ray_address, 2, env=env, ray={"max_actor_restarts": 0})
+    session = PolicySession(cfg, "too-often")
+    try:
+        ref = IterationRef(0, 0, 0)
+        victim = session.pool.pids[1]
+        threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+        with pytest.raises(RolloutWorkerError, match="ray.max_actor_restarts=0"):
+            session.collect(ref, horizon=3)
+        assert session.store.manifest("episodes", ref.stage, ref.iteration) is None
+        assert session.store.read_table("episodes", stage=0, iteration=0).empty
+        # the retry (same call, same session): the dead worker was already re-created
+        out = session.collect(ref, horizon=3)
+        assert out["rows"] == 8 and sorted(_episodes(session, ref)["episode_id"]) == \
+            sorted(s.episode_id for s in plan_episodes(cfg, 0))
+    finally:
+        session.close()
