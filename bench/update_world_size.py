@@ -1,5 +1,5 @@
-"""Update step time at training world size 1 (in-process) vs N (resident group), and the group's
-own per-iteration overhead.
+"""Update step time at training world size 1 (in-process) vs N (rank actors of a
+``RayTrainerGroup`` on an embedded Ray cluster), and the group's own costs.
 
     .venv/bin/python bench/update_world_size.py                        # tiny + smollm2, 8 x 512
     .venv/bin/python bench/update_world_size.py --models tiny --rows 8 --tokens 512 --reps 3
@@ -7,12 +7,15 @@ own per-iteration overhead.
 For each model: one PPO update (ppo_epochs 1, mini_batches 1, ZeRO-2, bf16, micro-batch 4) on
 the same random batch of ``--rows`` sequences of ``--tokens`` tokens, all tokens trained on.
 World size 1 runs a ``PolicyTrainer`` in this process with all cores; world size N a
-``ResidentGroup`` of N ranks with cores / N threads each (the same cores, split). Reported per
-world size: the best of ``--reps`` update times after one warm-up, as the caller sees them.
-For the group also: the slowest rank's own time in ``train_on_batch`` (compute + DeepSpeed's
-gradient collectives), the rest of the call (= channel overhead: sending the batch, waking the
-ranks, replies), an empty command's round trip, streaming the full weights back
-(``named_weights``) and start-up. Each world size runs alone (the other is closed first).
+``RayTrainerGroup`` of N rank actors on an embedded single-node cluster (``ray.address: local``),
+each rank a bundle of cores / N CPUs and as many torch threads (the same cores, split). Reported
+per world size: the best of ``--reps`` update times after one warm-up, as the caller sees them
+(``train_on_batch``: for the group that includes putting the batch into Ray's object store, the
+call to every rank and the step count read back); the full weights to this process
+(``named_weights``); start-up (the trainer's construction; for the group also the cluster's own
+start, given apart). For the group also: an empty call's round trip to every rank (a
+``TrainerRank.pid`` call on each, best of 20; every group call pays two: the call and the step
+count) and the batch's ``ray.put``. Each world size runs alone (the other is closed first).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -39,6 +43,15 @@ def _batch(vocab: int, rows: int, tokens: int, pad_id: int):
     return TrainBatch.from_rows(out, pad_id)
 
 
+def _best(fn, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="tiny,smollm2")
@@ -54,12 +67,13 @@ def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from transformers import AutoConfig, AutoTokenizer
 
-    from agentgym.config import AlgorithmConfig, TrainerConfig
-    from agentgym.training.group.driver import ResidentGroup
+    from agentgym.config import AlgorithmConfig, RayConfig, TrainerConfig
     from agentgym.models.folders import resolve_model
     from agentgym.training.policy_trainer import PolicyTrainer
 
     cores = os.cpu_count() or 1
+    worlds = [int(w) for w in args.worlds.split(",")]
+    cluster_s = None
     print(f"{cores} cores; batch {args.rows} x {args.tokens} tokens; micro-batch {args.micro}; bf16, ZeRO-2")
     for name in args.models.split(","):
         path = resolve_model(name, os.path.expanduser(args.cache))
@@ -68,35 +82,48 @@ def main() -> None:
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         batch = _batch(vocab, args.rows, args.tokens, pad)
         algo = AlgorithmConfig(ppo_epochs=1, mini_batches=1)
-        for world in (int(w) for w in args.worlds.split(",")):
+        for world in worlds:
             cfg = TrainerConfig(learning_rate=1e-6, zero_stage=2, bf16=True, micro_batch_size=args.micro,
                                 world_size=world)
-            t0 = time.perf_counter()
+            tr: Any
             if world == 1:
-                torch.set_num_threads(args.threads or cores)
+                threads = args.threads or cores
+                torch.set_num_threads(threads)
+                t0 = time.perf_counter()
                 tr = PolicyTrainer(path, tok, cfg, algo)
             else:
-                tr = ResidentGroup(path, tok, cfg, algo)
+                import ray
+
+                from agentgym.cluster.ray_runtime import ensure_ray
+                from agentgym.cluster.trainer_group import RayTrainerGroup
+
+                threads = max(1, cores // world)
+                ray_cfg = RayConfig(address="local", cpus_per_rank=threads, num_cpus=max(cores, threads * world))
+                if cluster_s is None:  # the embedded cluster starts once, with the first group
+                    cluster_s = ensure_ray(ray_cfg)["seconds"]
+                t0 = time.perf_counter()
+                tr = RayTrainerGroup(path, tok, cfg, algo, ray_cfg=ray_cfg)
             start = time.perf_counter() - t0
-            times, rank_times = [], []
+            times = []
             for rep in range(args.reps + 1):
                 t0 = time.perf_counter()
                 tr.train_on_batch(batch, seed=rep)
-                dt = time.perf_counter() - t0
                 if rep:  # the first is a warm-up
-                    times.append(dt)
-                    if world > 1:
-                        rank_times.append(max(tr.last_rank_seconds.values()))
+                    times.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             n_weights = sum(t.numel() for _, t in tr.named_weights())
             weights_s = time.perf_counter() - t0
-            threads = (args.threads or cores) if world == 1 else tr.threads_per_rank
-            line = (f"{name:8s} world {world} ({threads} thr/rank): update {min(times):7.2f} s (reps {[round(t, 2) for t in times]}); "
-                    f"weights out {weights_s:.2f} s ({n_weights / 1e6:.1f}M); start {start:.1f} s")
+            line = (f"{name:8s} world {world} ({threads} thr/rank): update {min(times):7.2f} s "
+                    f"(reps {[round(t, 2) for t in times]}); weights out {weights_s:.2f} s "
+                    f"({n_weights / 1e6:.1f}M); start {start:.1f} s")
             if world > 1:
-                best = times.index(min(times))
-                line += (f"\n{'':8s}          slowest rank in train {rank_times[best]:.2f} s -> channel overhead "
-                         f"{min(times) - rank_times[best]:.3f} s/update; empty command {tr.ping() * 1e3:.1f} ms")
+                ranks = tr._ranks
+                empty = _best(lambda: ray.get([a.pid.remote() for a in ranks]), 20)
+                put = _best(lambda: ray.put(batch), 5)
+                nodes = len(set(tr.rank_nodes.values()))
+                line += (f"\n{'':8s}          {world} ranks on {nodes} node(s); empty call to every rank "
+                         f"{empty * 1e3:.1f} ms (x2 per group call); batch ray.put {put * 1e3:.1f} ms; "
+                         f"cluster start {cluster_s:.1f} s (once, not in start)")
             print(line, flush=True)
             tr.close()
             del tr

@@ -31,8 +31,7 @@ torch.set_num_threads(1)
 #: of the heavy environments in the shared parametrized suites. The rest is the fast lane,
 #: ``pytest -m "not slow"`` (README). Chosen from ``--durations`` of the full suite.
 SLOW_MODULES = (
-    "tests/flows/", "tests/reliability/", "tests/cluster/", "tests/agentgym/test_distributed.py",
-    "tests/agentgym/test_distributed_critic.py",
+    "tests/flows/", "tests/reliability/", "tests/cluster/",
     "tests/agentgym/test_sft.py", "tests/agentgym/test_inspect.py", "tests/agentgym/test_patches.py",
     "tests/env_adapters/test_miniwob.py", "tests/env_adapters/test_sciworld.py",
     "tests/env_adapters/test_checker.py", "tests/test_no_prefect_in_library.py", "tests/engines/",

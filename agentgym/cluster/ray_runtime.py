@@ -69,7 +69,10 @@ def ensure_ray(cfg: RayConfig) -> dict[str, Any]:
         )
         if embedded(cfg):
             pin_to_loopback()
-            ray.init(num_cpus=cfg.num_cpus or os.cpu_count() or 1, _node_ip_address=LOOPBACK, **common)
+            # address="local", not None: None joins the cluster recorded in /tmp/ray/ray_current_cluster
+            # (a `ray start` or a test's ray.cluster_utils.Cluster on this host) if there is one
+            ray.init(address="local", num_cpus=cfg.num_cpus or os.cpu_count() or 1, _node_ip_address=LOOPBACK,
+                     **common)
         else:
             try:
                 ray.init(address=cfg.address, **common)

@@ -84,8 +84,11 @@ def build_trainer(cfg: PipelineConfig, weights: str | Path, tokenizer: PreTraine
                                             cfg.algorithm.critic.model_copy(update={"model": "none"}),
                                             "estimator": "grpo" if cfg.algorithm.estimator.value == "gae"
                                             else cfg.algorithm.estimator})
+    # a group of ranks goes to the cluster the run's ray section names, placed as it says (world
+    # size 1 and no ray.address: in this process, whatever rollout.workers is)
+    grouped = cfg.ray.address is not None or cfg.trainer.world_size > 1
     return create_trainer(weights, tokenizer, sft_trainer_config(cfg, total_steps), algo,
-                          temperature=1.0, seed=cfg.sft.seed)
+                          temperature=1.0, seed=cfg.sft.seed, ray_cfg=cfg.ray if grouped else None)
 
 
 def train_epoch(trainer: Trainer, demos: list[Episode], cfg: PipelineConfig, epoch: int,

@@ -1,17 +1,17 @@
-"""World size 2 with a critic (estimator gae): the ranks train the critic like one process.
+"""World size 2 with a critic (estimator gae): two rank actors, one on each node of the shared
+loopback cluster (conftest.py), train the critic like one process.
 
-One resident group (~15-25 s on the 2-core machine), as tests/agentgym/test_distributed.py.
+One group (two Ray worker processes), as tests/cluster/test_trainer_group.py.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
-from agentgym.config import AlgorithmConfig, TrainerConfig
+from agentgym.cluster.trainer_group import RayTrainerGroup
+from agentgym.config import AlgorithmConfig, RayConfig, TrainerConfig
 from agentgym.training.batch import TrainBatch
-from agentgym.training.group.driver import ResidentGroup
 from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.training.protocol import create_trainer
 from batches import synthetic_batch  # tests/ is on sys.path
@@ -19,14 +19,14 @@ from configs import rank_group_configs
 
 pytestmark = pytest.mark.timeout(300)
 
-WEIGHT_ATOL = 1e-5  # as test_distributed: 1% of one AdamW step at lr 1e-3
+WEIGHT_ATOL = 1e-5  # as test_trainer_group: 1% of one AdamW step at lr 1e-3
 
 
 def _batch(n: int, seed: int) -> TrainBatch:
     return synthetic_batch(512, n, seed, returns=True)
 
 
-def test_two_ranks_train_a_separate_critic_like_one_process(tmp_path, tiny_path):
+def test_two_rank_actors_train_a_separate_critic_like_one_process(tmp_path, tiny_path, ray_address):
     tok = AutoTokenizer.from_pretrained(tiny_path)
     algo = AlgorithmConfig(estimator="gae", critic={"model": "separate", "learning_rate": 1e-3},
                            mini_batches=2, recompute_old_logprobs=True)
@@ -35,12 +35,14 @@ def test_two_ranks_train_a_separate_critic_like_one_process(tmp_path, tiny_path)
         return rank_group_configs(world_size=world)[0]
 
     batch, probe = _batch(7, seed=0), _batch(3, seed=1)
-    group = create_trainer(tiny_path, tok, trainer_cfg(2), algo, seed=0)
+    group = create_trainer(tiny_path, tok, trainer_cfg(2), algo, seed=0,
+                           ray_cfg=RayConfig(address=ray_address, placement="SPREAD"))
     try:
-        assert isinstance(group, ResidentGroup)
+        assert isinstance(group, RayTrainerGroup)
+        assert len(set(group.rank_nodes.values())) == 2
         got = group.train_on_batch(batch, seed=5)
         got_values = group.compute(probe, ["values", "logprobs"])
-        group.save_hf(tmp_path / "hf", tok)
+        group.save_hf(tmp_path / "hf", tok)  # rank 0 writes it; this process reads it back
         assert (tmp_path / "hf" / "critic" / "model.safetensors").exists()
     finally:
         group.close()
