@@ -43,7 +43,7 @@ def get_session(config: PipelineConfig | None, run_id: str, weights: str | Path 
 
 
 def drop_session(run_id: str) -> None:
-    """Forget the run's session and release it (a resident training group's ranks stop)."""
+    """Forget the run's session and release it (Ray rank actors and rollout workers stop)."""
     with _lock:
         session = _sessions.pop(run_id, None)
     if session is not None:

@@ -1,8 +1,8 @@
 """Temporary folders in TMPDIR that a later process can tell are abandoned, and removes.
 
 Why: a process killed with ``SIGKILL`` (or by the OOM killer) runs no cleanup, so its checkpoint
-export (``agentgym-ckpt-*``, ``agentgym-sft-*``: a whole HF model each), its training group's
-folder (``agentgym-group-*``) or vLLM's weight folders (``agentgym-vllm-*``) stayed in TMPDIR for
+export (``agentgym-ckpt-*``, ``agentgym-sft-*``: a whole HF model each), the former training
+group's folder (``agentgym-group-*``, still swept for older runs) or vLLM's weight folders (``agentgym-vllm-*``) stayed in TMPDIR for
 ever. Their names now carry their owner -- ``<prefix>p<pid>-<start>-<ns>-<random>``: the PID, the
 process's start time (clock ticks since boot, ``/proc/<pid>/stat``) and a digest of the host name
 and PID namespace -- and ``make`` first removes the folders of these prefixes whose owner is gone.

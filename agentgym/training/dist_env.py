@@ -22,10 +22,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 def init_single_process_dist() -> None:
     """DeepSpeed wants a process group even for one rank; set one up on loopback.
 
-    A launcher (torchrun, deepspeed) sets MASTER_ADDR/PORT and the ranks; alone, a free port is
-    chosen for this process only: MASTER_PORT is removed again after the group exists, or every
-    child process (a Prefect worker's flow runs, torchrun's ranks) would inherit the same port
-    and fail to bind it. RANK/LOCAL_RANK/WORLD_SIZE stay: DeepSpeed reads LOCAL_RANK later.
+    A Ray rank actor (``agentgym.cluster.trainer_group``) sets MASTER_ADDR/PORT and the ranks;
+    alone, a free port is chosen for this process only: MASTER_PORT is removed again after the
+    group exists, or every child process (a Prefect worker's flow runs) would inherit the same
+    port and fail to bind it. RANK/LOCAL_RANK/WORLD_SIZE stay: DeepSpeed reads LOCAL_RANK later.
     """
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     own_port = "MASTER_PORT" not in os.environ

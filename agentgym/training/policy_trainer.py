@@ -109,8 +109,8 @@ def freeze_below(model: PreTrainedModel, train_layers: int) -> None:
 
 
 class PadTokenSource(Protocol):
-    """What ``PolicyTrainer`` reads of its tokenizer: the pad token id (a group's ranks get only
-    that, ``group.worker``)."""
+    """What ``PolicyTrainer`` reads of its tokenizer: the pad token id (a Ray rank actor gets only
+    that, ``agentgym.cluster.trainer_group.TrainerRank``)."""
 
     @property
     def pad_token_id(self) -> int | None: ...
@@ -444,7 +444,7 @@ class PolicyTrainer:
         return state
 
     def close(self) -> None:
-        """Nothing to release in-process (the interface matches ``ResidentGroup.close``)."""
+        """Nothing to release in-process (the interface matches ``RayTrainerGroup.close``)."""
 
     # -- forward passes without an update ---------------------------------------------------
     COMPUTABLE = ("logprobs", "values", "ref_logprobs")
