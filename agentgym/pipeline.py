@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from agentgym.cluster.rollout_pool import RolloutPool
+    from agentgym.store.episode_writer import EpisodeWriter
 
 
 def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = False,
@@ -118,6 +119,16 @@ class EpisodeSummary:
 
 
 Episodes = Sequence[Episode | EpisodeSummary]
+
+
+@dataclass
+class _Played:
+    """What one draw of an iteration's rollout leaves for its metrics (episodes are staged)."""
+
+    summaries: list[EpisodeSummary]
+    generated_tokens: float
+    generate_s: float
+    store_s: float
 
 
 def check_infra_errors(episodes: Episodes, max_fraction: float, ref: IterationRef) -> None:
@@ -277,14 +288,9 @@ class PolicySession:
         if existing is not None:  # already committed (resume): never roll out twice
             eps = self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)
             return {"rows": existing.rows, "digest": existing.digest, "reused": True, **episode_metrics(eps)}
-        if self.pool is not None:
-            return self._collect_on_workers(ref, horizon)
         t0 = time.perf_counter()
-        tokens_before = self.engine.generated_tokens
-        gen_before = self.engine.generate_seconds
-        store_s = 0.0  # staging episodes to the store as they end (the commit is timed apart)
         summaries: list[EpisodeSummary] = []
-        draws = 0
+        draws, gen, generate_s, store_s = 0, 0.0, 0.0, 0.0  # store_s: staging as episodes end
         wanted = self.cfg.rollout.tasks_per_iteration
         shaping = self.cfg.algorithm.invalid_action_penalty
         with self.store.episode_writer(stage=ref.stage, iteration=ref.iteration, global_step=ref.global_step,
@@ -297,28 +303,21 @@ class PolicySession:
                 if missing <= 0:
                     break
                 seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
-                for ep in iter_episodes(
-                    self.engine, self.formatter, plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing),
-                    self.rollout_settings(horizon, seed=seed), make_env=make_env, on_turn=on_turn,
-                ):
-                    t_add = time.perf_counter()
-                    writer.add(ep)
-                    store_s += time.perf_counter() - t_add
-                    summaries.append(EpisodeSummary.of(ep))
+                specs = plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing)
+                settings = self.rollout_settings(horizon, seed=seed)
+                played = (self._play_on_workers(specs, settings, writer, ref) if self.pool is not None
+                          else self._play_here(specs, settings, writer, on_turn))
+                summaries.extend(played.summaries)
+                gen += played.generated_tokens
+                generate_s += played.generate_s
+                store_s += played.store_s
                 draws += 1
             seconds = time.perf_counter() - t0
-            gen = self.engine.generated_tokens - tokens_before
             check_infra_errors(summaries, self.cfg.rollout.max_infra_error_fraction, ref)
             t_commit = time.perf_counter()
             manifest = writer.commit()
             commit_s = time.perf_counter() - t_commit
-        generate_s = self.engine.generate_seconds - gen_before
-        return self._collect_metrics(manifest, seconds, gen, generate_s, store_s, commit_s, draws, summaries)
-
-    def _collect_metrics(self, manifest: Any, seconds: float, gen: float, generate_s: float, store_s: float,
-                         commit_s: float, draws: int, summaries: list[EpisodeSummary]) -> dict[str, Any]:
-        shaping = self.cfg.algorithm.invalid_action_penalty
-        return {
+        out = {
             "rows": manifest.rows, "digest": manifest.digest, "reused": False,
             "rollout_seconds": seconds, "generated_tokens": float(gen),
             # where the iteration's time goes (bench/pipeline_overhead.py adds these up)
@@ -329,48 +328,43 @@ class PolicySession:
             "sampling_draws": float(draws), "informative_groups": float(informative_groups(summaries, shaping)),
             **episode_metrics(summaries),
         }
-
-    def _collect_on_workers(self, ref: IterationRef, horizon: int) -> dict[str, Any]:
-        """``collect`` over the rollout workers: each plays whole groups and stages its shards;
-        once all are in, this process adopts them and commits the iteration once. Times: the
-        slowest worker's generate / store seconds (the rollout's critical path)."""
-        assert self.pool is not None
-        t0 = time.perf_counter()
-        summaries: list[EpisodeSummary] = []
-        draws, gen, generate_s, store_s = 0, 0.0, 0.0, 0.0
-        wanted = self.cfg.rollout.tasks_per_iteration
-        shaping = self.cfg.algorithm.invalid_action_penalty
-        with self.store.episode_writer(stage=ref.stage, iteration=ref.iteration, global_step=ref.global_step,
-                                       policy_version=self.engine_version,
-                                       chunk_episodes=self.cfg.store.chunk_episodes) as writer:
-            where = {"stage": ref.stage, "iteration": ref.iteration, "global_step": ref.global_step,
-                     "created_at": writer.created_at, "chunk_episodes": self.cfg.store.chunk_episodes}
-            while draws < self.cfg.rollout.max_draws:
-                missing = wanted - informative_groups(summaries, shaping) if draws else wanted
-                if missing <= 0:
-                    break
-                seed = self.cfg.seed * 1_000_003 + ref.global_step + draws * 7_777_777
-                specs = plan_episodes(self.cfg, ref.global_step, draw=draws, tasks=missing)
-                results = self.pool.collect(specs, self.rollout_settings(horizon, seed=seed), self.store.spec(), where)
-                for r in results:
-                    if r["version"] != self.engine_version:
-                        raise RuntimeError(f"a rollout worker played with policy version {r['version']}, "
-                                           f"not the synced {self.engine_version}")
-                    writer.adopt(r["staged"], r["episode_ids"])
-                    summaries.extend(r["summaries"])
-                    gen += r["generated_tokens"]
-                generate_s += max((r["generate_s"] for r in results), default=0.0)
-                store_s += max((r["store_s"] for r in results), default=0.0)
-                draws += 1
-            seconds = time.perf_counter() - t0
-            check_infra_errors(summaries, self.cfg.rollout.max_infra_error_fraction, ref)
-            t_commit = time.perf_counter()
-            manifest = writer.commit()
-            commit_s = time.perf_counter() - t_commit
-        out = self._collect_metrics(manifest, seconds, gen, generate_s, store_s, commit_s, draws, summaries)
-        out["rollout_workers"] = float(self.pool.size)
-        out["rollout_worker_restarts"] = float(self.pool.restarts)
+        if self.pool is not None:
+            out["rollout_workers"] = float(self.pool.size)
+            out["rollout_worker_restarts"] = float(self.pool.restarts)
         return out
+
+    def _play_here(self, specs: list[EpisodeSpec], settings: RolloutSettings, writer: EpisodeWriter,
+                   on_turn: Callable[[int, int], None] | None) -> _Played:
+        """One draw of ``collect`` on this process's engine, each episode staged as it ends."""
+        tokens_before, gen_before = self.engine.generated_tokens, self.engine.generate_seconds
+        summaries, store_s = [], 0.0
+        for ep in iter_episodes(self.engine, self.formatter, specs, settings, make_env=make_env, on_turn=on_turn):
+            t_add = time.perf_counter()
+            writer.add(ep)
+            store_s += time.perf_counter() - t_add
+            summaries.append(EpisodeSummary.of(ep))
+        return _Played(summaries, float(self.engine.generated_tokens - tokens_before),
+                       self.engine.generate_seconds - gen_before, store_s)
+
+    def _play_on_workers(self, specs: list[EpisodeSpec], settings: RolloutSettings, writer: EpisodeWriter,
+                         ref: IterationRef) -> _Played:
+        """One draw of ``collect`` over the rollout workers: each plays whole groups and stages
+        its shards; ``writer`` adopts them all (the commit comes once, after every draw). Times:
+        the slowest worker's generate / store seconds (the rollout's critical path)."""
+        assert self.pool is not None
+        where = {"stage": ref.stage, "iteration": ref.iteration, "global_step": ref.global_step,
+                 "created_at": writer.created_at, "chunk_episodes": self.cfg.store.chunk_episodes}
+        results = self.pool.collect(specs, settings, self.store.spec(), where)
+        summaries: list[EpisodeSummary] = []
+        for r in results:
+            if r["version"] != self.engine_version:
+                raise RuntimeError(f"a rollout worker played with policy version {r['version']}, "
+                                   f"not the synced {self.engine_version}")
+            writer.adopt(r["staged"], r["episode_ids"])
+            summaries.extend(r["summaries"])
+        return _Played(summaries, float(sum(r["generated_tokens"] for r in results)),
+                       max((r["generate_s"] for r in results), default=0.0),
+                       max((r["store_s"] for r in results), default=0.0))
 
     # -- 2. advantages ---------------------------------------------------------------------
     def advantages(self, ref: IterationRef) -> dict[str, Any]:
@@ -578,8 +572,8 @@ class PolicySession:
     def sync_weights(self) -> None:
         """Hand the trainer's current policy to the inference engine: merged full weights, or
         (vllm_server) the LoRA adapter, which the engine's servers load from a shared folder.
-        With rollout workers: the full weights (LoRA merged) through Ray's object store, from
-        training rank 0 to every worker, never through this process."""
+        With rollout workers: the full weights (LoRA merged) from training rank 0 to every
+        worker over ``ray.weight_sync``'s channel, never through this process."""
         if self.pool is not None:  # from rank 0 over ray.weight_sync's channel (agentgym.cluster.weight_sync)
             from agentgym.cluster.trainer_group import RayTrainerGroup
             from agentgym.cluster.weight_sync import WeightSync
@@ -663,10 +657,11 @@ class PolicySession:
             self._weights_lock.release()
 
     def close(self) -> None:
-        """Release the trainer (a resident group's ranks stop) and the inference engine."""
+        """Release the trainer (Ray rank actors stop), the rollout workers or engine, and the
+        weight channel."""
         trainer, self._trainer = self._trainer, None
         if self._weight_sync is not None:
-            self._weight_sync.close(trainer, self.pool)
+            self._weight_sync.close()
         try:
             if trainer is not None:
                 trainer.close()

@@ -80,13 +80,11 @@ class TrainerRank:
             temperature=init["temperature"], seed=init["seed"])
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "gpus": gpus}
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``PolicyTrainer.method(*args, **kwargs)``; rank 0's answer is the group's."""
+    def call(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, int] | None:
+        """``PolicyTrainer.method(*args, **kwargs)``; rank 0's answer is the group's, with its
+        optimizer step count after the call."""
         out = getattr(self.trainer, method)(*args, **kwargs)
-        return out if self.rank == 0 else None
-
-    def steps(self) -> int:
-        return int(self.trainer.optimizer_steps)
+        return (out, int(self.trainer.optimizer_steps)) if self.rank == 0 else None
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """The full policy weights (every rank iterates: ZeRO-3 gathers), returned by rank 0.
@@ -274,8 +272,7 @@ class RayTrainerGroup:
     def _all(self, op: str, method: str, *args: Any, **kwargs: Any) -> Any:
         if self._broken is not None:
             raise self._broken
-        out = self._get([a.call.remote(method, *args, **kwargs) for a in self._ranks], op)[0]
-        self.optimizer_steps = int(self._get([self._ranks[0].steps.remote()], op)[0])
+        out, self.optimizer_steps = self._get([a.call.remote(method, *args, **kwargs) for a in self._ranks], op)[0]
         return out
 
     def train_from_store(self, store: dict[str, Any], stage: int, iteration: int, seed: int = 0) -> dict[str, float]:

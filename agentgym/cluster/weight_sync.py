@@ -84,7 +84,7 @@ class WeightSync:
         self._formed_with = (ranks[0], *workers)
         pool.members_changed = False
 
-    def close(self, trainer: RayTrainerGroup | None, pool: RolloutPool | None) -> None:
+    def close(self) -> None:
         """Leave the broadcast group (best effort: the actors may be gone)."""
         if self._formed_with is None:
             return
