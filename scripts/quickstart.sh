@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set everything up and run the quickstart training (SmolLM2-135M-Instruct on BabyAI, two
-# ScalingInter-RL stages) on the embedded defaults: a temporary local Prefect server, MLflow in
-# ./mlflow.db, trajectories in ./trajectories.
+# Set everything up and run the quickstart training (SmolLM2-135M-Instruct on BabyAI, the four
+# ScalingInter-RL stages of configs/quickstart.yaml: horizons 2, 3, 4, 5, 6 iterations each) on
+# the embedded defaults: a temporary local Prefect server, MLflow in ./mlflow.db, trajectories in
+# ./trajectories.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
