@@ -17,79 +17,141 @@ SCHEMA_VERSION = 1
 PARTITION_KEYS = ("stage", "iteration")
 
 
-def _f(name: str, typ: pa.DataType, nullable: bool = False) -> pa.Field:
-    return pa.field(name, typ, nullable=nullable)
+#: Field metadata keys: what a column means (docs/datasets.md is generated from it), and the mark
+#: of a token column (per-token arrays and token offsets: what the trainer reads, not people).
+DESCRIPTION = "description"
+TOKEN_COLUMN = "agentgym.token_column"
+
+
+def _f(name: str, typ: pa.DataType, description: str, *, nullable: bool = False,
+       token: bool = False) -> pa.Field:
+    meta = {DESCRIPTION: " ".join(description.split())}
+    if token:
+        meta[TOKEN_COLUMN] = "true"
+    return pa.field(name, typ, nullable=nullable, metadata=meta)
+
+
+def _run_id() -> pa.Field:
+    return _f("run_id", pa.string(), "The pipeline run id (the store folder `{store.root}/{run_id}`; "
+              "MLflow tag `agentgym.run_id`). SFT demonstrations: their dataset id `demos-<hash>`.")
+
+
+def _stage() -> pa.Field:
+    return _f("stage", pa.int32(), "ScalingInter-RL stage, 0-based (`schedule.stages[stage]`). A "
+              "partition key: stored in the folder name `stage=N` only, read as int32 with "
+              "`schema=dataset_schema(table)`.")
+
+
+def _iteration() -> pa.Field:
+    return _f("iteration", pa.int32(), "Iteration within the stage, 0-based. A partition key like "
+              "`stage` (folder `iteration=N`). SFT demonstrations: 0 training part, 1 held-out part.")
+
+
+def _episode_id(what: str) -> pa.Field:
+    return _f("episode_id", pa.string(), what)
 
 
 EPISODES_SCHEMA = pa.schema(
     [
-        _f("run_id", pa.string()),
-        _f("stage", pa.int32()),
-        _f("iteration", pa.int32()),
-        _f("global_step", pa.int32()),
-        _f("episode_id", pa.string()),
-        _f("group_id", pa.string()),
-        _f("env", pa.string()),
-        _f("task_id", pa.int64()),
-        _f("seed", pa.int64()),
-        _f("horizon", pa.int32()),
-        _f("num_turns", pa.int32()),
-        _f("terminated", pa.bool_()),
-        _f("truncated", pa.bool_()),
-        _f("reward", pa.float64()),
-        _f("success", pa.bool_()),
-        _f("infra_error", pa.bool_()),
-        _f("error", pa.string(), nullable=True),
-        _f("policy_version", pa.int64()),
-        _f("created_at", pa.timestamp("us", tz="UTC")),
-        _f("input_ids", pa.list_(pa.int32())),
-        _f("loss_mask", pa.list_(pa.int8())),
-        _f("old_logprobs", pa.list_(pa.float32())),
-        _f("context_starts", pa.list_(pa.int32())),
+        _run_id(),
+        _stage(),
+        _iteration(),
+        _f("global_step", pa.int32(), "Iterations before this one over all stages (0-based): the "
+           "step of the run's MLflow metrics. 0 for demonstrations."),
+        _episode_id("The episode, unique within an iteration. A rollout's is `s{global_step}-"
+                    "g{group}-{env}-{task_id}-e{sample}` (`-d{draw}` before `-e` for a "
+                    "dynamic-sampling redraw), e.g. `s23-g3-babyai-124-e0`: global step 23, group "
+                    "3, BabyAI task 124, the group's first sample; a demonstration's "
+                    "`demo-{k}-{env}-{task_id}-s{seed}`."),
+        _f("group_id", pa.string(), "The group of episodes sampled for one task together "
+           "(`rollout.group_size`), whose rewards GRPO/RLOO compare: the episode id up to `-e`."),
+        _f("env", pa.string(), "Environment name (`envs[].name`, e.g. `babyai`, `textcraft`)."),
+        _f("task_id", pa.int64(), "Task index within the environment (`envs[].tasks`)."),
+        _f("seed", pa.int64(), "Seed the environment was reset with, with the task."),
+        _f("horizon", pa.int32(), "Most turns the episode could take (the stage's horizon)."),
+        _f("num_turns", pa.int32(), "Turns played: the episode's rows in `turns`."),
+        _f("terminated", pa.bool_(), "The environment ended the episode (goal reached or a final "
+           "state)."),
+        _f("truncated", pa.bool_(), "The episode was cut before the environment ended it: the "
+           "horizon reached, the adapter's own limit, or no room in the context for another turn."),
+        _f("reward", pa.float64(), "Outcome reward in [0, 1] (the turns' rewards add up to it); NaN "
+           "for an infra error (unscored, so `mean()` skips it)."),
+        _f("success", pa.bool_(), "The environment reported success (`info[\"success\"]`)."),
+        _f("infra_error", pa.bool_(), "The episode failed for the infrastructure (an environment "
+           "that raised or went away), not the policy; left out of training."),
+        _f("error", pa.string(), "The infra error's message; null otherwise.", nullable=True),
+        _f("policy_version", pa.int64(), "Updates the sampling policy had received (0: the "
+           "initial model; older than the update count under `rollout.async_steps`); -1 for "
+           "demonstrations."),
+        _f("created_at", pa.timestamp("us", tz="UTC"), "When the iteration's writer started (one "
+           "value per iteration), UTC."),
+        _f("input_ids", pa.list_(pa.int32()), "The whole conversation's token ids (system prompt, "
+           "observations, replies).", token=True),
+        _f("loss_mask", pa.list_(pa.int8()), "1 for each token the policy sampled (its replies), 0 "
+           "otherwise; one per `input_ids` token.", token=True),
+        _f("old_logprobs", pa.list_(pa.float32()), "The sampler's log-probability of each sampled "
+           "token, 0 where `loss_mask` is 0; one per `input_ids` token.", token=True),
+        _f("context_starts", pa.list_(pa.int32()), "Offsets in `input_ids` where a new context "
+           "segment begins (`rollout.context_policy` window/summary); empty: one conversation.",
+           token=True),
     ]
 )
 
 TURNS_SCHEMA = pa.schema(
     [
-        _f("run_id", pa.string()),
-        _f("stage", pa.int32()),
-        _f("iteration", pa.int32()),
-        _f("episode_id", pa.string()),
-        _f("env", pa.string()),
-        _f("task_id", pa.int64()),
-        _f("turn", pa.int32()),
-        _f("observation", pa.string()),
-        _f("action_text", pa.string()),
-        _f("parsed_action", pa.string(), nullable=True),
-        _f("reward", pa.float64()),
-        _f("terminated", pa.bool_()),
-        _f("truncated", pa.bool_()),
-        _f("format_error", pa.bool_()),
-        _f("gen_tokens", pa.int32()),
-        _f("env_latency_ms", pa.float64()),
-        _f("invalid_action", pa.bool_()),
-        _f("state_key", pa.string()),
+        _run_id(),
+        _stage(),
+        _iteration(),
+        _episode_id("The episode this turn belongs to (`episodes.episode_id`)."),
+        _f("env", pa.string(), "Environment name, as in `episodes`."),
+        _f("task_id", pa.int64(), "Task index within the environment, as in `episodes`."),
+        _f("turn", pa.int32(), "Turn index within the episode, 0-based."),
+        _f("observation", pa.string(), "What the agent saw before replying."),
+        _f("action_text", pa.string(), "The policy's reply, as text."),
+        _f("parsed_action", pa.string(), "The action the adapter read from the reply; null when "
+           "it read none.", nullable=True),
+        _f("reward", pa.float64(), "This turn's reward: its increment of the episode's reward (an "
+           "episode's turns add up to `episodes.reward`)."),
+        _f("terminated", pa.bool_(), "The environment ended the episode at this turn."),
+        _f("truncated", pa.bool_(), "The episode was cut at this turn (horizon, adapter limit, "
+           "context full)."),
+        _f("format_error", pa.bool_(), "The reply did not follow the action format."),
+        _f("gen_tokens", pa.int32(), "Tokens the policy sampled for the reply."),
+        _f("env_latency_ms", pa.float64(), "Wall time of the environment's step, in milliseconds."),
+        _f("invalid_action", pa.bool_(), "A well-formed reply naming no available action."),
+        _f("state_key", pa.string(), "The environment state the reply acted in (the adapter's "
+           "`info[\"state_key\"]`, else `obs:` and a digest of the observation); GiGPO's step "
+           "groups compare turns with equal keys."),
+        _f("success", pa.bool_(), "The episode's success (`episodes.success`), on each of its "
+           "turns.", nullable=True),
+        _f("horizon", pa.int32(), "The episode's horizon (`episodes.horizon`), on each of its "
+           "turns.", nullable=True),
     ]
 )
 
 # Additive schema evolution: columns added after datasets were first written, with the value a
 # file written before them reads as (the rest of the schema is unchanged, so old commits stay
-# readable without a rewrite).
+# readable without a rewrite). None: unknown, null (``turns.success``/``horizon``: an older
+# file's episodes hold them, docs/datasets.md gives the join).
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {
-    "turns": {"invalid_action": False, "state_key": ""},
+    "turns": {"invalid_action": False, "state_key": "", "success": None, "horizon": None},
     "episodes": {"context_starts": []},
     "train_batch": {"context_starts": []},
 }
 
 ADVANTAGES_SCHEMA = pa.schema(
     [
-        _f("run_id", pa.string()),
-        _f("stage", pa.int32()),
-        _f("iteration", pa.int32()),
-        _f("episode_id", pa.string()),
-        _f("estimator", pa.string()),
-        _f("advantages", pa.list_(pa.float32())),
-        _f("returns", pa.list_(pa.float32())),
+        _run_id(),
+        _stage(),
+        _iteration(),
+        _episode_id("The episode scored (`episodes.episode_id`; infra errors have no row)."),
+        _f("estimator", pa.string(), "The advantage estimator (`algorithm.estimator`: grpo, rloo, "
+           "reinforce_pp, gae)."),
+        _f("advantages", pa.list_(pa.float32()), "Advantage of each token of the episode's "
+           "`input_ids` (0 where `loss_mask` is 0).", token=True),
+        _f("returns", pa.list_(pa.float32()), "Return of each token, 0 where `loss_mask` is 0: "
+           "the episode's score (grpo, rloo), its discounted return (reinforce_pp), the critic's "
+           "target (gae).", token=True),
     ]
 )
 
@@ -99,17 +161,19 @@ ADVANTAGES_SCHEMA = pa.schema(
 # ``returns`` / ``old_values`` lists mean "not given" (no critic; values computed by the trainer).
 TRAIN_BATCH_SCHEMA = pa.schema(
     [
-        _f("run_id", pa.string()),
-        _f("stage", pa.int32()),
-        _f("iteration", pa.int32()),
-        _f("episode_id", pa.string()),
-        _f("input_ids", pa.list_(pa.int32())),
-        _f("loss_mask", pa.list_(pa.int8())),
-        _f("old_logprobs", pa.list_(pa.float32())),
-        _f("advantages", pa.list_(pa.float32())),
-        _f("returns", pa.list_(pa.float32())),
-        _f("old_values", pa.list_(pa.float32())),
-        _f("context_starts", pa.list_(pa.int32())),
+        _run_id(),
+        _stage(),
+        _iteration(),
+        _episode_id("The episode trained on (`episodes.episode_id`), in batch order."),
+        _f("input_ids", pa.list_(pa.int32()), "As `episodes.input_ids`.", token=True),
+        _f("loss_mask", pa.list_(pa.int8()), "As `episodes.loss_mask`.", token=True),
+        _f("old_logprobs", pa.list_(pa.float32()), "As `episodes.old_logprobs`.", token=True),
+        _f("advantages", pa.list_(pa.float32()), "As `advantages.advantages`.", token=True),
+        _f("returns", pa.list_(pa.float32()), "As `advantages.returns`; empty: not given.",
+           token=True),
+        _f("old_values", pa.list_(pa.float32()), "The critic's value of each token before the "
+           "update (gae); empty: no critic.", token=True),
+        _f("context_starts", pa.list_(pa.int32()), "As `episodes.context_starts`.", token=True),
     ]
 )
 
@@ -123,6 +187,47 @@ SCHEMAS: dict[str, pa.Schema] = {
     "train_batch": TRAIN_BATCH_SCHEMA,
 }
 TABLES = tuple(SCHEMAS)
+
+#: What one row of each table is (docs/datasets.md).
+TABLE_DESCRIPTIONS: dict[str, str] = {
+    "episodes": "One row per episode played (rollouts, and SFT demonstrations under their own "
+                "dataset id), committed with its turns.",
+    "turns": "One row per turn of each episode: what the agent saw, what it replied, what it got.",
+    "advantages": "One row per scored episode of an iteration: the advantage step's per-token "
+                  "credit.",
+    "train_batch": "The exact rows an update trained on (infra errors and tied groups without "
+                   "signal left out), in batch order; every rank of a trainer group reads it.",
+}
+
+
+def description(field: pa.Field) -> str:
+    """What a column means (its field metadata)."""
+    return (field.metadata or {}).get(DESCRIPTION.encode(), b"").decode()
+
+
+def is_token_column(field: pa.Field) -> bool:
+    """A per-token array or token offsets: what the trainer reads, heavy and opaque for people."""
+    return (field.metadata or {}).get(TOKEN_COLUMN.encode()) == b"true"
+
+
+def dataset_schema(table: str) -> pa.Schema:
+    """The schema to give pandas/pyarrow when reading a table folder:
+    ``pd.read_parquet(path, schema=dataset_schema("turns"))``.
+
+    Why: pandas reads the Hive partition keys ``stage`` / ``iteration`` as categoricals (pyarrow's
+    ``pq.read_table`` discovers them with ``infer_dictionary=True``; nothing in the files can
+    change that), and pyarrow takes a folder's schema from its first file, so a column added after
+    that file was written (``ADDED_COLUMNS``) is silently dropped for every row. With this schema
+    ``stage`` / ``iteration`` come back as int32 and every column is read, as null where a file
+    lacks it."""
+    return SCHEMAS[check_table(table)]
+
+
+def dataset_columns(table: str, tokens: bool = False) -> list[str]:
+    """``table``'s columns in schema order, without the token columns unless ``tokens``:
+    ``pd.read_parquet(path, schema=..., columns=dataset_columns("episodes"))`` leaves out the
+    token arrays (most of the bytes, one Python object per row) that only the trainer reads."""
+    return [f.name for f in dataset_schema(table) if tokens or not is_token_column(f)]
 
 
 def physical_schema(table: str) -> pa.Schema:

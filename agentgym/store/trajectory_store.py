@@ -5,11 +5,12 @@ Layout (Hive style, so plain pandas/pyarrow readers work with no helper)::
     {root}/{run_id}/{table}/stage={s}/iteration={i}/part-{uuid}.parquet
     {root}/{run_id}/_commits/{table}/{s}-{i}.json        # the commit manifest
 
-    pd.read_parquet(store.path("turns"), filters=[("stage", "=", 2)])
+    pd.read_parquet(store.path("turns"), schema=dataset_schema("turns"), filters=[("stage", "=", 2)])
 
 Tables: ``episodes``, ``turns``, ``advantages`` and ``train_batch`` (what a resident group of
-ranks trains on); their logical schemas are the module constants ``EPISODES_SCHEMA``,
-``TURNS_SCHEMA``, ``ADVANTAGES_SCHEMA``, ``TRAIN_BATCH_SCHEMA``.
+ranks trains on); their logical schemas, with a description of every column in the field
+metadata, are ``agentgym.store.schema``'s ``EPISODES_SCHEMA``, ``TURNS_SCHEMA``,
+``ADVANTAGES_SCHEMA``, ``TRAIN_BATCH_SCHEMA`` (docs/datasets.md is generated from them).
 
 Partition columns (the choice)
 ------------------------------
@@ -17,13 +18,17 @@ Partition columns (the choice)
 Parquet files (``physical_schema(table)`` is the logical schema minus ``PARTITION_KEYS``).
 If they were stored in both places, ``pd.read_parquet(dir)`` fails with pyarrow's "Unable to
 merge: Field stage has incompatible types: int32 vs dictionary<values=int32 ...>" (checked with
-pyarrow 25 / pandas 3). With path-only keys:
+pyarrow 25 / pandas 3): ``pq.read_table`` (what pandas calls) discovers Hive keys with
+``infer_dictionary=True``, so no content of the files can make plain ``pd.read_parquet(dir)``
+give them as ints. With path-only keys:
 
 * ``TrajectoryStore.read_table`` returns them as ``int32`` columns (filled from the manifest),
   placed where the logical schema puts them;
-* raw ``pd.read_parquet(dir)`` (with or without ``filters``) returns them as pandas
-  ``Categorical`` columns whose categories are int32 (``df.stage.astype(int)`` for plain ints);
-* ``pyarrow.dataset.dataset(dir, partitioning="hive")`` returns them as plain int32.
+* ``pd.read_parquet(dir, schema=dataset_schema(table))`` returns them as int32 (the documented
+  way, README and docs/datasets.md; ``partitioning=pyarrow.dataset.partitioning(flavor="hive")``
+  too), and so does ``pyarrow.dataset.dataset(dir, partitioning="hive")``;
+* raw ``pd.read_parquet(dir)`` returns them as pandas ``Categorical`` columns whose categories
+  are int32.
 
 ``run_id`` is not a Hive key (its directory has no ``run_id=`` prefix), so it is a real column.
 
@@ -97,7 +102,7 @@ from agentgym.infra.diskspace import disk_errors
 from agentgym.store.manifest import CommitManifest, StagedShard, combined_digest, sha256_hex, utc_now
 from agentgym.store.refusals import refused_writes
 from agentgym.store.schema import (
-    PARTITION_KEYS, SCHEMAS, TURN_TEXT, StoreError, as_list, check_table,
+    PARTITION_KEYS, SCHEMAS, TURN_TEXT, StoreError, as_list, check_table, dataset_schema,
     physical_schema, read_parquet,
 )
 from agentgym.types import Episode, Turn
@@ -163,14 +168,10 @@ class TrajectoryStore:
 
     @staticmethod
     def dataset_schema(table: str) -> pa.Schema:
-        """The schema to give raw readers of a table folder that spans a schema change:
-        ``pd.read_parquet(store.path("turns"), schema=store.dataset_schema("turns"))``.
-
-        Why: pyarrow takes a folder's schema from its first file, so a column added after that
-        file was written (``ADDED_COLUMNS``) is silently dropped for every row. With this schema
-        every column is read, as null where a file lacks it, and ``stage`` / ``iteration`` come
-        back as int32."""
-        return SCHEMAS[check_table(table)]
+        """``agentgym.store.schema.dataset_schema``: the schema to give raw readers of a table
+        folder, ``pd.read_parquet(store.path("turns"), schema=store.dataset_schema("turns"))``
+        (``stage`` / ``iteration`` as int32, columns added later read as null from older files)."""
+        return dataset_schema(table)
 
     def _url(self, fs_path: str) -> str:
         return fs_path if self._local else self.fs.unstrip_protocol(fs_path)
@@ -372,6 +373,8 @@ class TrajectoryStore:
             "env_latency_ms": [t.env_latency_ms for _, t in turn_rows],
             "invalid_action": [t.invalid_action for _, t in turn_rows],
             "state_key": [t.state_key for _, t in turn_rows],
+            "success": [e.success for e, _ in turn_rows],
+            "horizon": [e.horizon for e, _ in turn_rows],
         }
         return self._to_table("episodes", ep_cols), self._to_table("turns", tu_cols)
 
