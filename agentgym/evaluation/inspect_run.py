@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -20,7 +21,11 @@ from agentgym.store.trajectory_store import TrajectoryStore
 __all__ = [
     "DEFAULT_ROOT",
     "EPISODE_COLUMNS",
+    "EPISODE_ID_FORMS",
+    "ITERATION_COLUMNS",
     "TURN_COLUMNS",
+    "Column",
+    "episode_id_parts",
     "episode_turns",
     "iteration_table",
     "list_episodes",
@@ -40,6 +45,66 @@ TURN_COLUMNS = [
     "turn", "observation", "action_text", "parsed_action", "reward", "terminated", "truncated",
     "format_error", "invalid_action", "gen_tokens", "env_latency_ms",
 ]
+
+
+
+class Column(NamedTuple):
+    """One column of ``iteration_table`` as people see it: its key, its header (``agentgym
+    inspect``'s wide table and the viewer), a short header (``inspect``'s compact table) and what
+    it means (the compact table's key, the viewer's header tooltip)."""
+
+    key: str
+    name: str
+    short: str
+    help: str
+
+
+ITERATION_COLUMNS = [
+    Column("stage", "stage", "st", "stage of the ScalingInter-RL schedule"),
+    Column("iteration", "iter", "it", "iteration within the stage"),
+    Column("policy_version", "policy", "pol", "policy version that played (updates so far)"),
+    Column("horizon", "horizon", "hor", "turns an episode may take in this stage"),
+    Column("episodes", "episodes", "eps", "episodes played"),
+    Column("infra_errors", "infra err", "inf", "episodes lost to infrastructure errors (not scored)"),
+    Column("success_rate", "success", "succ", "share of scored episodes solved"),
+    Column("reward_mean", "reward", "rew", "mean episode reward"),
+    Column("turns_mean", "turns", "turns", "mean turns per episode"),
+    Column("format_error_rate", "format err", "fmt", "share of turns whose reply had no valid action line"),
+    Column("invalid_action_rate", "invalid act", "inv", "share of turns the environment refused the action"),
+]
+
+# How episode ids are made (``agentgym.pipeline.plan_episodes``; demonstrations:
+# ``agentgym.training.demos``): each form, the pattern its parts are read with, and what they mean.
+_PIPELINE_ID = re.compile(r"s(?P<step>\d+)-g(?P<group>\d+)-(?P<env>.+)-(?P<task>\d+)"
+                          r"(?:-d(?P<draw>\d+))?-e(?P<sample>\d+)")
+_DEMO_ID = re.compile(r"demo-(?P<attempt>\d+)-(?P<env>.+)-(?P<task>\d+)-s(?P<seed>\d+)")
+
+#: (form, example, meaning) of each kind of episode id, for legends
+EPISODE_ID_FORMS = [
+    ("s<global step>-g<group>-<env>-<task>[-d<draw>]-e<sample>", "s23-g3-babyai-124-e0",
+     "global step 23 (the RL iteration counted from the run's start, across stages), group 3 of "
+     "that step (one task played group_size times from the same start: the samples GRPO/RLOO "
+     "compare), environment babyai, task 124, sample 0 of its group; -d<draw> marks a further "
+     "draw of dynamic sampling (rollout.max_draws), which replaced groups that tied"),
+    ("demo-<attempt>-<env>-<task>-s<seed>", "demo-000012-babyai-5-s1012",
+     "an SFT demonstration by the scripted expert: attempt 12, environment babyai, task 5, "
+     "reset seed 1012"),
+]
+
+_PART_NAMES = {"step": "global step", "group": "group", "env": "env", "task": "task",
+               "draw": "draw", "sample": "sample", "attempt": "attempt", "seed": "seed"}
+
+
+def episode_id_parts(episode_id: str) -> list[tuple[str, str]] | None:
+    """The parts of a pipeline or demonstration episode id, named (``EPISODE_ID_FORMS``), e.g.
+    ``[("global step", "23"), ("group", "3"), ("env", "babyai"), ("task", "124"),
+    ("sample", "0")]``; None for an id of another form."""
+    for pattern in (_PIPELINE_ID, _DEMO_ID):
+        m = pattern.fullmatch(episode_id)
+        if m:
+            return [(_PART_NAMES[k], v if k == "env" else str(int(v)))
+                    for k, v in m.groupdict().items() if v is not None]
+    return None
 
 
 def open_store(target: str, root: str | None = None,
