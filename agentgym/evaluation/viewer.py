@@ -12,6 +12,15 @@ Size bound: at most ``max_episodes`` episodes (default ``DEFAULT_MAX_EPISODES``)
 newest iterations first, with all of their turns; the file grows with the text of those turns
 (roughly episodes x turns x observation length). The per-iteration table always covers the whole
 run. The data's ``omitted_episodes`` says how many were left out.
+
+Numbers: every number the page shows is a string made in Python by
+``agentgym.evaluation.numbers.fmt_num`` (each row's ``shown``), the rule ``agentgym inspect``
+uses, so the two read the same (0.8125 is 0.813 in both); the script never rounds. The raw values
+stay in the rows for anyone reading the data.
+
+Layout: each table sits in a wrapper that scrolls sideways inside its card, so no width of window
+pushes a column out of sight; below 900 px the two panes stack. A legend under the episode list
+says how episode ids are made (``inspect_run.EPISODE_ID_FORMS``).
 """
 
 from __future__ import annotations
@@ -21,7 +30,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agentgym.evaluation.inspect_run import EPISODE_COLUMNS, TURN_COLUMNS, iteration_table, list_episodes
+from agentgym.evaluation.inspect_run import (
+    EPISODE_COLUMNS,
+    EPISODE_ID_FORMS,
+    ITERATION_COLUMNS,
+    TURN_COLUMNS,
+    episode_id_parts,
+    iteration_table,
+    list_episodes,
+)
+from agentgym.evaluation.numbers import fmt_num
 from agentgym.store.trajectory_store import TrajectoryStore
 
 __all__ = ["DEFAULT_MAX_EPISODES", "PAGE_SIZE", "embed_json", "run_data", "render_html",
@@ -38,9 +56,20 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _episode_row(e: dict[str, Any]) -> dict[str, Any]:
+    row = {k: _clean(e[k]) for k in EPISODE_COLUMNS}
+    parts = episode_id_parts(e["episode_id"])
+    row["shown"] = {"reward": fmt_num(e["reward"]),
+                    "id": " \u00b7 ".join(f"{k} {v}" for k, v in parts) if parts else ""}
+    return row
+
+
 def run_data(store: TrajectoryStore, max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
     """What the page shows: ``iterations`` (``iteration_table``), ``episodes`` (newest iterations
-    first, at most ``max_episodes``), ``turns`` (episode id -> its turns in order)."""
+    first, at most ``max_episodes``), ``turns`` (episode id -> its turns in order). Each row
+    carries the raw values and ``shown``, the strings the page prints for its numbers
+    (``fmt_num``; an episode's ``shown.id`` names its id's parts); ``iteration_columns`` and
+    ``episode_id_forms`` are the table's headers and the id legend."""
     eps = list_episodes(store)
     kept = eps[: max(int(max_episodes), 0)]
     keys = sorted({(e["stage"], e["iteration"]) for e in kept})
@@ -51,14 +80,20 @@ def run_data(store: TrajectoryStore, max_episodes: int = DEFAULT_MAX_EPISODES) -
         for r in t.to_pylist():
             eid = r.pop("episode_id")
             if eid in ids:
-                turns[eid].append({k: _clean(r[k]) for k in TURN_COLUMNS})
+                row = {k: _clean(r[k]) for k in TURN_COLUMNS}
+                row["shown"] = {"reward": fmt_num(r["reward"])}
+                turns[eid].append(row)
     for lst in turns.values():
         lst.sort(key=lambda r: r["turn"])
     return {
         "run_id": store.run_id,
         "root": store.spec()["root"],
-        "iterations": [{k: _clean(v) for k, v in r.items()} for r in iteration_table(store)],
-        "episodes": [{k: _clean(e[k]) for k in EPISODE_COLUMNS} for e in kept],
+        "iteration_columns": [{"key": c.key, "name": c.name, "help": c.help} for c in ITERATION_COLUMNS],
+        "episode_id_forms": [{"form": f, "example": x, "meaning": m} for f, x, m in EPISODE_ID_FORMS],
+        "iterations": [{**{k: _clean(v) for k, v in r.items()},
+                        "shown": {c.key: fmt_num(r[c.key]) for c in ITERATION_COLUMNS}}
+                       for r in iteration_table(store)],
+        "episodes": [_episode_row(e) for e in kept],
         "turns": turns,
         "omitted_episodes": len(eps) - len(kept),
     }
@@ -97,23 +132,32 @@ _PAGE = """<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>__TITLE__</title>
 <style>
+*,*::before,*::after{box-sizing:border-box}
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
-header{padding:8px 16px;background:#234;color:#fff}
+header{padding:8px 16px;background:#234;color:#fff;overflow-wrap:anywhere}
 header h1{font-size:17px;margin:0}
 main{display:flex;gap:12px;padding:12px;align-items:flex-start}
-section{background:#fff;border:1px solid #ddd;border-radius:4px;padding:8px}
-#left{flex:0 0 46%;min-width:0}#right{flex:1;min-width:0}
-table{border-collapse:collapse;width:100%}
-th,td{padding:3px 6px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+section{background:#fff;border:1px solid #ddd;border-radius:4px;padding:8px;min-width:0;margin-bottom:12px}
+#left{flex:0 0 46%;min-width:0}#right{flex:1 1 0;min-width:0}
+@media (max-width:900px){main{flex-direction:column;align-items:stretch}#left,#right{flex:none;width:100%}}
+.scroll{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{padding:3px 5px;border-bottom:1px solid #eee;text-align:right}
+th{vertical-align:bottom;white-space:normal;font-size:12px}
+td{white-space:nowrap}
 th:first-child,td:first-child{text-align:left}
+th[title]{cursor:help;text-decoration:underline dotted #999}
 #episodes tbody tr{cursor:pointer}#episodes tbody tr:hover{background:#eef4ff}
 tr.sel{background:#dde8ff!important}
 .ok{color:#17702a}.bad{color:#a31515}.infra{color:#8a5a00}
 .filters{display:flex;flex-wrap:wrap;gap:8px;margin:6px 0}
+.legend{font-size:12px;margin:8px 0 0;overflow-wrap:anywhere}.legend dl{margin:2px 0 0}
+.legend dt{font-family:ui-monospace,monospace}.legend dd{margin:0 0 4px 12px}
 .turn{border-top:1px solid #ddd;padding:6px 0}
-.turn h3{font-size:14px;margin:2px 0}
-pre{white-space:pre-wrap;word-break:break-word;background:#f4f4f4;margin:2px 0 6px;padding:6px;
+.turn h3{font-size:14px;margin:2px 0}.turn h3 span{margin-left:6px}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f4f4f4;margin:2px 0 6px;padding:6px;
 font:12px/1.35 ui-monospace,monospace}
+#detail{overflow-wrap:anywhere}
 .flag{display:inline-block;padding:0 5px;margin-left:6px;border-radius:3px;background:#fde2e2;
 color:#a31515;font-size:12px}
 .muted{color:#777}
@@ -121,8 +165,9 @@ color:#a31515;font-size:12px}
 <header><h1 id="title"></h1><div id="where" class="muted"></div></header>
 <main>
 <div id="left">
-<section><h2>Iterations</h2><table id="iterations"><thead></thead><tbody></tbody></table></section>
-<section><h2>Episodes</h2>
+<section id="iterations-card"><h2>Iterations</h2>
+<div class="scroll"><table id="iterations"><thead></thead><tbody></tbody></table></div></section>
+<section id="episodes-card"><h2>Episodes</h2>
 <div class="filters">
 <label>stage <select id="f-stage"></select></label>
 <label>iteration <select id="f-iteration"></select></label>
@@ -131,9 +176,10 @@ color:#a31515;font-size:12px}
 <option value="failed">failed</option><option value="infra">infra error</option></select></label>
 </div>
 <div id="count" class="muted"></div>
-<table id="episodes"><thead><tr><th>episode</th><th>env</th><th>task</th><th>stage/it</th>
-<th>reward</th><th>turns</th><th>success</th></tr></thead><tbody></tbody></table>
+<div class="scroll"><table id="episodes"><thead><tr><th>episode</th><th>env</th><th>task</th><th>stage/it</th>
+<th>reward</th><th>turns</th><th>success</th></tr></thead><tbody></tbody></table></div>
 <div><button id="prev">&larr; prev</button> <span id="page"></span> <button id="next">next &rarr;</button></div>
+<div id="legend" class="legend muted"><strong>Episode ids</strong><dl></dl></div>
 </section>
 </div>
 <section id="right"><div id="detail" class="muted">Click an episode to see its turns.</div></section>
@@ -145,16 +191,17 @@ color:#a31515;font-size:12px}
 var D=JSON.parse(document.getElementById("agentgym-data").textContent);
 var PAGE=__PAGE_SIZE__, page=0, shown=[], selected=null;
 function el(tag,text,cls){var e=document.createElement(tag);if(text!==undefined&&text!==null)e.textContent=String(text);if(cls)e.className=cls;return e;}
-function num(v,d){return (v===null||v===undefined)?"-":(typeof v==="number"&&!Number.isInteger(v)?v.toFixed(d===undefined?3:d):String(v));}
 function outcome(e){return e.infra_error?"infra":(e.success?"success":"failed");}
 document.getElementById("title").textContent="Run "+D.run_id;
 document.getElementById("where").textContent=D.root+"/"+D.run_id+(D.omitted_episodes?" \\u2014 "+D.omitted_episodes+" older episodes not embedded":"");
-(function(){
-  var cols=["stage","iteration","policy_version","horizon","episodes","infra_errors","success_rate","reward_mean","turns_mean","format_error_rate","invalid_action_rate"];
-  var tr=el("tr");cols.forEach(function(c){tr.appendChild(el("th",c.replace(/_/g," ")));});
+(function(){  // numbers arrive formatted (row.shown: agentgym.evaluation.numbers.fmt_num); none is rounded here
+  var cols=D.iteration_columns;
+  var tr=el("tr");cols.forEach(function(c){var th=el("th",c.name);th.title=c.help;tr.appendChild(th);});
   document.querySelector("#iterations thead").appendChild(tr);
   var tb=document.querySelector("#iterations tbody");
-  D.iterations.forEach(function(r){var tr=el("tr");cols.forEach(function(c){tr.appendChild(el("td",num(r[c])));});tb.appendChild(tr);});
+  D.iterations.forEach(function(r){var tr=el("tr");cols.forEach(function(c){tr.appendChild(el("td",r.shown[c.key]));});tb.appendChild(tr);});
+  var lg=document.querySelector("#legend dl");
+  D.episode_id_forms.forEach(function(f){lg.appendChild(el("dt",f.form));lg.appendChild(el("dd",f.example+": "+f.meaning+"."));});
 })();
 function options(id,values){var s=document.getElementById(id);s.appendChild(el("option","all")).value="";
   values.forEach(function(v){s.appendChild(el("option",v)).value=String(v);});s.onchange=function(){page=0;refresh();};}
@@ -171,7 +218,8 @@ function refresh(){
   var tb=document.querySelector("#episodes tbody");tb.textContent="";
   shown.slice(page*PAGE,(page+1)*PAGE).forEach(function(e){
     var tr=el("tr");tr.dataset.id=e.episode_id;if(e.episode_id===selected)tr.className="sel";
-    [e.episode_id,e.env,e.task_id,e.stage+"/"+e.iteration,num(e.reward),e.num_turns].forEach(function(v){tr.appendChild(el("td",v));});
+    if(e.shown.id)tr.title=e.shown.id;
+    [e.episode_id,e.env,e.task_id,e.stage+"/"+e.iteration,e.shown.reward,e.num_turns].forEach(function(v){tr.appendChild(el("td",v));});
     var o=outcome(e);tr.appendChild(el("td",o==="success"?"yes":(o==="infra"?"infra error":"no"),o==="success"?"ok":(o==="infra"?"infra":"bad")));
     tr.onclick=function(){select(e);};tb.appendChild(tr);});
   document.getElementById("count").textContent=shown.length+" of "+D.episodes.length+" episodes";
@@ -184,13 +232,14 @@ function select(e){
   try{history.replaceState(null,"","#episode="+encodeURIComponent(e.episode_id));}catch(err){}
   var d=document.getElementById("detail");d.textContent="";d.className="";
   d.appendChild(el("h2","Episode "+e.episode_id));
+  if(e.shown.id)d.appendChild(el("div","id: "+e.shown.id,"muted"));
   d.appendChild(el("div",e.env+" task "+e.task_id+" \\u00b7 seed "+e.seed+" \\u00b7 stage "+e.stage+" iteration "+e.iteration+
     " \\u00b7 horizon "+e.horizon+" \\u00b7 policy version "+e.policy_version));
-  d.appendChild(el("div","reward "+num(e.reward)+" \\u00b7 "+(e.success?"success":"not solved")+" \\u00b7 "+e.num_turns+" turns"+
+  d.appendChild(el("div","reward "+e.shown.reward+" \\u00b7 "+(e.success?"success":"not solved")+" \\u00b7 "+e.num_turns+" turns"+
     (e.terminated?" \\u00b7 terminated":"")+(e.truncated?" \\u00b7 truncated":""),e.success?"ok":"bad"));
   if(e.infra_error)d.appendChild(el("div","infra error: "+(e.error||"?"),"infra"));
   (D.turns[e.episode_id]||[]).forEach(function(t){
-    var box=el("div",null,"turn"),h=el("h3","turn "+t.turn+" \\u00b7 reward "+num(t.reward)+" \\u00b7 "+t.gen_tokens+" tokens");
+    var box=el("div",null,"turn"),h=el("h3","turn "+t.turn+" \\u00b7 reward "+t.shown.reward+" \\u00b7 "+t.gen_tokens+" tokens");
     if(t.format_error)h.appendChild(el("span","format error","flag"));
     if(t.invalid_action)h.appendChild(el("span","invalid action","flag"));
     if(t.terminated)h.appendChild(el("span","terminated","muted"));

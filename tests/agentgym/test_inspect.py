@@ -1,8 +1,11 @@
 """`agentgym inspect` / `agentgym view` and the library under them (agentgym.evaluation.inspect_run,
-agentgym.evaluation.viewer), on a real store written with TrajectoryStore.write_episodes in tmp_path."""
+agentgym.evaluation.viewer, agentgym.evaluation.numbers), on a real store written with
+TrajectoryStore.write_episodes in tmp_path. The browser tests run the page in headless Chromium
+and skip, saying why, only where none is installed."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -14,15 +17,21 @@ from pathlib import Path
 
 import pytest
 
+from agentgym.config import parse_config
 from agentgym.evaluation.inspect_run import (
     EPISODE_COLUMNS,
+    EPISODE_ID_FORMS,
+    ITERATION_COLUMNS,
     TURN_COLUMNS,
+    episode_id_parts,
     episode_turns,
     iteration_table,
     list_episodes,
     open_store,
 )
+from agentgym.evaluation.numbers import fmt_num
 from agentgym.evaluation.viewer import run_data, write_html
+from agentgym.pipeline import plan_episodes
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.types import Episode, Turn
 
@@ -258,6 +267,11 @@ def _plain(v):
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
+def _raw(row: dict) -> dict:
+    """An embedded row without its display strings (``shown``): the store's values."""
+    return {k: v for k, v in row.items() if k != "shown"}
+
+
 def test_view_writes_a_self_contained_file_with_the_store_rows(store, tmp_path):
     out = tmp_path / "run.html"
     p = cli("view", RUN, "--root", store.root, "-o", str(out))
@@ -269,11 +283,16 @@ def test_view_writes_a_self_contained_file_with_the_store_rows(store, tmp_path):
     assert html.count("</script>") == 2  # the data's own "</script>" is escaped
     data = _embedded(html)  # the JSON parsed back out of the page equals the store's rows
     want_eps = [{k: _plain(v) for k, v in e.items()} for e in list_episodes(store)]
-    assert data["episodes"] == want_eps
+    assert [_raw(e) for e in data["episodes"]] == want_eps
     assert {e["episode_id"] for e in data["episodes"]} == {e.episode_id for eps in STORE_EPISODES.values() for e in eps}
     for e in want_eps:
         _, turns = episode_turns(store, e["episode_id"])
-        assert data["turns"][e["episode_id"]] == turns
+        assert [_raw(t) for t in data["turns"][e["episode_id"]]] == turns
+    # ... and each row's numbers as the page prints them, written by the rule inspect uses
+    assert [e["shown"]["reward"] for e in data["episodes"]] == [fmt_num(e["reward"]) for e in list_episodes(store)]
+    assert data["turns"]["e-s2b"][0]["shown"] == {"reward": "0.500"}
+    assert [r["shown"] for r in data["iterations"]] == [
+        {c.key: fmt_num(r[c.key]) for c in ITERATION_COLUMNS} for r in iteration_table(store)]
     assert data["turns"]["e-nasty"][0]["observation"] == NASTY
     assert data["omitted_episodes"] == 0
     assert [(r["stage"], r["iteration"]) for r in data["iterations"]] == [(1, 0), (1, 1), (2, 0)]
@@ -298,7 +317,7 @@ def test_cli_inspect_and_view_read_a_store_on_s3(s3_server, tmp_path):
     p = cli("view", f"{root}/{RUN}", "-o", str(out), **env)
     assert p.returncode == 0, p.stderr
     data = _embedded(out.read_text(encoding="utf-8"))
-    assert data["episodes"] == [{k: _plain(v) for k, v in e.items()} for e in list_episodes(s3)]
+    assert [_raw(e) for e in data["episodes"]] == [{k: _plain(v) for k, v in e.items()} for e in list_episodes(s3)]
 
 
 def test_view_max_episodes_keeps_the_newest(store, tmp_path):
@@ -315,21 +334,33 @@ def test_view_max_episodes_keeps_the_newest(store, tmp_path):
 BROWSERS = ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
 
 
-def test_view_renders_in_a_headless_browser(store, tmp_path):
-    """The page's own script runs: the list is built and a #episode= link shows that episode's
-    turns (the other tests only read the embedded data)."""
+def _browser() -> str:
+    """A headless browser's path; the test skips, saying why, where none is installed."""
     browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
     if browser is None:
         pytest.skip(f"no headless browser installed (looked for {', '.join(BROWSERS)}; "
                     "scripts/setup.sh installs chromium-headless-shell where apt is available)")
+    return browser
+
+
+def _dom(browser: str, url: str, width: int | None = None) -> str:
+    """The page's DOM after its scripts ran (in a window ``width`` px wide when given)."""
+    size = [f"--window-size={width},900"] if width else []
+    p = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", *size, "--dump-dom", url],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+def test_view_renders_in_a_headless_browser(store, tmp_path):
+    """The page's own script runs: the list is built and a #episode= link shows that episode's
+    turns (the other tests only read the embedded data)."""
+    browser = _browser()
     out = tmp_path / "run.html"
     write_html(store, out)
 
     def dom(url: str) -> str:
-        p = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", url],
-                           capture_output=True, text=True, timeout=60)
-        assert p.returncode == 0, p.stderr[-2000:]
-        return p.stdout
+        return _dom(browser, url)
 
     page = dom(out.as_uri())
     rows = re.findall(r'<tr data-id="([^"]+)"', page)
@@ -341,3 +372,208 @@ def test_view_renders_in_a_headless_browser(store, tmp_path):
     assert f"<pre>{escaped}</pre>" in page  # the observation as text, not as markup
     page = dom(out.as_uri() + "#episode=e-ok")
     assert "<pre>obs ok 0</pre>" in page and '<span class="flag">format error</span>' in page
+
+
+# ------------------------------------------------------------------ one rounding rule, ids, layout
+@pytest.mark.parametrize("value, places, want", [
+    (0.8125, 3, "0.813"),  # a tie: f"{x:.3f}" (inspect's old rule) said 0.812, toFixed (the viewer's) 0.813
+    (0.0625, 3, "0.063"),
+    (-0.0625, 3, "-0.063"),  # half away from zero, both signs
+    (1.0005, 3, "1.001"),  # the double is a hair below 1.0005: toFixed said 1.000; the printed digits say 1.001
+    (2.675, 2, "2.68"),  # f"{2.675:.2f}" says 2.67 for the same reason
+    (0.81249, 3, "0.812"),
+    (0.375, 3, "0.375"),
+    (1.0, 3, "1.000"),  # a float keeps its places (the viewer used to print "1")
+    (2.5, 0, "3"),
+    (-0.0001, 3, "0.000"),  # no "-0.000"
+    (1e20, 1, "100000000000000000000.0"),
+    (7, 3, "7"),
+    (None, 3, "-"), (float("nan"), 3, "-"), (float("inf"), 3, "-"),
+])
+def test_one_rounding_rule(value, places, want):
+    assert fmt_num(value, places) == want
+
+
+def test_episode_id_legend_names_the_parts_of_the_ids_the_pipeline_makes():
+    """The legend (viewer, inspect) reads the ids plan_episodes really makes, draws included."""
+    cfg = parse_config({"envs": [{"name": "babyai", "tasks": [124]}, {"name": "textcraft", "tasks": [7]}],
+                        "rollout": {"tasks_per_iteration": 2, "group_size": 3},
+                        "algorithm": {"estimator": "reinforce_pp"}})
+    for draw in (0, 2):
+        specs = plan_episodes(cfg, 23, draw=draw)
+        assert len(specs) == 6
+        for k, spec in enumerate(specs):
+            parts = episode_id_parts(spec.episode_id)
+            assert parts is not None, spec.episode_id
+            want = [("global step", "23"), ("group", str(k // 3)), ("env", spec.env),
+                    ("task", str(spec.task_id))] + ([("draw", str(draw))] if draw else []) + [("sample", str(k % 3))]
+            assert parts == want, spec.episode_id
+            assert spec.episode_id.startswith(spec.group_id + "-e")
+    form, example, meaning = EPISODE_ID_FORMS[0]
+    assert episode_id_parts(example) == [("global step", "23"), ("group", "3"), ("env", "babyai"),
+                                         ("task", "124"), ("sample", "0")]
+    for said in ("global step 23", "group 3", "babyai", "task 124", "sample 0", "-d<draw>"):
+        assert said in meaning or said in form, said
+    # demonstrations: the form agentgym.training.demos writes
+    demos = (ROOT / "agentgym" / "training" / "demos.py").read_text()
+    assert 'episode_id=f"demo-{k:06d}-{spec.env}-{spec.task_id}-s{spec.seed}"' in demos
+    assert episode_id_parts("demo-000012-babyai-5-s1012") == [
+        ("attempt", "12"), ("env", "babyai"), ("task", "5"), ("seed", "1012")]
+    assert EPISODE_ID_FORMS[1][1] == "demo-000012-babyai-5-s1012"
+    assert episode_id_parts("e-ok") is None and episode_id_parts("s1-g0-babyai-x-e0") is None
+
+
+PIPELINE_RUN = "20261206-030912-quickstart"
+
+
+def _pipeline_store(root: Path) -> TrajectoryStore:
+    """A store as a pipeline run writes it: ids from plan_episodes (long, with draws), 3 stages x
+    2 iterations of 2 tasks x 2 samples, four-digit policy versions. Step 0's rewards (1, 0.75,
+    0.75, 0.75) average 0.8125, a tie at 3 places; so is the first reward of every later step."""
+    cfg = parse_config({"envs": [{"name": "babyai", "tasks": list(range(100, 140))},
+                                 {"name": "textcraft", "tasks": list(range(1000, 1040))}],
+                        "rollout": {"tasks_per_iteration": 2, "group_size": 2},
+                        "algorithm": {"estimator": "reinforce_pp"}})
+    s = TrajectoryStore(str(root), PIPELINE_RUN)
+    step = 0
+    for stage in range(3):
+        for it in range(2):
+            rewards = [1.0, 0.75, 0.75, 0.75] if step == 0 else [0.8125, 0.1, 1 / 3, 0.0]
+            eps = []
+            for spec, r in zip(plan_episodes(cfg, step, draw=it), rewards, strict=True):
+                turns = [_turn(t, f"obs {spec.episode_id} {t}", "Action: go forward", invalid=t == 1,
+                               last=t == 2) for t in range(3)]
+                eps.append(Episode(episode_id=spec.episode_id, group_id=spec.group_id, env=spec.env,
+                                   task_id=spec.task_id, seed=spec.seed, horizon=3 + 2 * stage, turns=turns,
+                                   reward=r, success=r > 0.5, terminated=True))
+                eps[-1].append([1, 2, 3], sampled=False)
+            s.write_episodes(eps, stage=stage, iteration=it, global_step=step, policy_version=1000 + 7 * step)
+            step += 1
+    return s
+
+
+def _lines_over(text: str, width: int) -> list[str]:
+    return [ln for ln in text.splitlines() if len(ln) > width]
+
+
+def _iteration_rows(stdout: str) -> list[list[str]]:
+    """inspect's iteration rows (either layout): lines of 11 cells starting with two integers."""
+    rows = [re.sub(r"[│┃|]", " ", ln).split() for ln in stdout.splitlines()]
+    return [r for r in rows if len(r) == 11 and r[0].isdigit() and r[1].isdigit()]
+
+
+def test_cli_inspect_fits_80_columns_and_prints_whole_numbers(tmp_path):
+    """At COLUMNS=80 the compact layout is chosen: no line is longer, and every number is whole
+    (it used to be cut to "0.0…")."""
+    s = _pipeline_store(tmp_path / "traj")
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", cwd=tmp_path, COLUMNS="80")
+    assert p.returncode == 0, p.stderr
+    assert not _lines_over(p.stdout, 80), _lines_over(p.stdout, 80)
+    assert "…" not in p.stdout and "..." not in p.stdout
+    rows = _iteration_rows(p.stdout)
+    # stage iter policy horizon episodes infra success reward turns format invalid (by hand)
+    assert rows[0] == ["0", "0", "1000", "3", "4", "0", "1.000", "0.813", "3.000", "0.000", "0.333"]
+    assert rows == [[fmt_num(r[c.key]) for c in ITERATION_COLUMNS] for r in iteration_table(s)]
+    assert len(rows) == 6
+    assert "succ success rate" in p.stdout  # the key to the short headers
+    assert "s<global step>-g<group>-<env>-<task>[-d<draw>]-e<sample>" in p.stdout
+    cells = [ln.split() for ln in p.stdout.splitlines()]
+    for e in list_episodes(s)[:20]:  # every listed episode whole: id, env, task, stage, iter, reward
+        assert [e["episode_id"], e["env"], str(e["task_id"]), str(e["stage"]), str(e["iteration"]),
+                fmt_num(e["reward"])] in [c[:6] for c in cells], e["episode_id"]
+    newest = list_episodes(s)[0]["episode_id"]
+    assert f"--episode {newest}" in p.stdout  # the replay command, continued with "\\" if need be
+
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", "--episode", newest, cwd=tmp_path, COLUMNS="80")
+    assert p.returncode == 0, p.stderr
+    assert not _lines_over(p.stdout, 80), _lines_over(p.stdout, 80)
+    assert "(global step 5, group 0, env" in " ".join(p.stdout.split()) and "draw 1, sample 0)" in p.stdout
+
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", "--compact", cwd=tmp_path, COLUMNS="250")
+    assert "succ success rate" in p.stdout and not _lines_over(p.stdout, 80)
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", cwd=tmp_path, COLUMNS="250")
+    assert "invalid act" in p.stdout and "succ success rate" not in p.stdout  # wide where it fits
+    assert _iteration_rows(p.stdout) == rows
+
+
+def test_viewer_embeds_the_numbers_inspect_prints(tmp_path):
+    """The strings the page shows (each row's ``shown``) are inspect's, tie (0.8125) included."""
+    s = _pipeline_store(tmp_path / "traj")
+    data = run_data(s)
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", cwd=tmp_path, COLUMNS="80")
+    assert p.returncode == 0, p.stderr
+    viewer = [[r["shown"][c.key] for c in ITERATION_COLUMNS] for r in data["iterations"]]
+    assert viewer == _iteration_rows(p.stdout)
+    assert viewer[0][7] == "0.813" and viewer[1][7] != "-"
+    tie = next(e for e in data["episodes"] if e["reward"] == 0.8125)
+    assert tie["shown"]["reward"] == "0.813"
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", "--episode", tie["episode_id"], cwd=tmp_path)
+    assert "reward 0.813" in p.stdout
+
+
+def _cells(page: str, table_id: str) -> list[list[str]]:
+    body = re.search(rf'<table id="{table_id}">.*?<tbody>(.*?)</tbody>', page, re.S)
+    assert body, f"no table {table_id}"
+    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body.group(1), re.S)]
+
+
+def test_viewer_page_and_inspect_print_the_same_numbers(tmp_path):
+    """What the browser renders (the page's script at work) reads as inspect prints it."""
+    browser = _browser()
+    s = _pipeline_store(tmp_path / "traj")
+    out = tmp_path / "run.html"
+    write_html(s, out)
+    tie = next(e for e in list_episodes(s) if e["reward"] == 0.8125)
+    page = _dom(browser, out.as_uri() + "#episode=" + tie["episode_id"])
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", cwd=tmp_path, COLUMNS="80")
+    assert p.returncode == 0, p.stderr
+    shown = _cells(page, "iterations")
+    assert shown == _iteration_rows(p.stdout)
+    assert shown[0][7] == "0.813"
+    row = next(r for r in _cells(page, "episodes") if r[0] == tie["episode_id"])
+    assert row[4] == "0.813"  # episode, env, task, stage/it, reward
+    assert "reward 0.813 \u00b7" in html.unescape(page)  # the episode's own header
+    p = cli("inspect", PIPELINE_RUN, "--root", "traj", "--episode", tie["episode_id"], cwd=tmp_path)
+    assert "reward 0.813" in p.stdout
+
+
+# Measures, in the loaded page, each card (section) and each table's box against the window.
+_PROBE = """<script>(function(){var W=window.innerWidth,o={W:W,docW:document.documentElement.scrollWidth,cards:[],
+detail:(document.querySelector("#detail h2")||{}).textContent||"",legend:document.getElementById("legend").textContent};
+document.querySelectorAll("section").forEach(function(s){var r=s.getBoundingClientRect(),
+c={id:s.id,right:r.right,scrollW:s.scrollWidth,clientW:s.clientWidth,tables:[]};
+s.querySelectorAll("table").forEach(function(t){var w=t.parentElement,wr=w.getBoundingClientRect();
+c.tables.push({id:t.id,wrapRight:wr.right,tableW:t.scrollWidth,wrapW:w.clientWidth,overflowX:getComputedStyle(w).overflowX});});
+o.cards.push(c);});document.body.setAttribute("data-layout",JSON.stringify(o));})();</script></body>"""
+
+
+def test_viewer_tables_stay_inside_their_cards(tmp_path):
+    """At 1400 px (the trial's width), with and without an episode open, at 1920 and at a narrow
+    700: the page never scrolls sideways, nothing sticks out of a card, and a table wider than its
+    card scrolls inside it. The episode id legend is on the page."""
+    browser = _browser()
+    s = _pipeline_store(tmp_path / "traj")
+    out = tmp_path / "run.html"
+    write_html(s, out)
+    probe = tmp_path / "probe.html"
+    probe.write_text(out.read_text(encoding="utf-8").replace("</body>", _PROBE), encoding="utf-8")
+    eid = list_episodes(s)[0]["episode_id"]
+    for width, episode in ((1400, None), (1400, eid), (1920, eid), (700, eid)):
+        page = _dom(browser, probe.as_uri() + (f"#episode={episode}" if episode else ""), width)
+        m = re.search(r'data-layout="([^"]*)"', page)
+        assert m, "the probe did not run"
+        lay = json.loads(html.unescape(m.group(1)))
+        where = f"{width} px, episode {episode}"
+        assert lay["W"] == width, where  # the window had the width asked for
+        assert lay["detail"] == (f"Episode {episode}" if episode else ""), where
+        assert "s<global step>-g<group>-<env>-<task>[-d<draw>]-e<sample>" in lay["legend"]
+        assert lay["docW"] <= width, (where, lay["docW"])
+        assert {t["id"] for c in lay["cards"] for t in c["tables"]} == {"iterations", "episodes"}
+        for c in lay["cards"]:
+            assert c["right"] <= width, (where, c)
+            assert c["scrollW"] <= c["clientW"], (where, c)  # nothing sticks out of the card
+            for t in c["tables"]:
+                assert t["wrapRight"] <= c["right"], (where, t)
+                if t["tableW"] > t["wrapW"]:
+                    assert t["overflowX"] in ("auto", "scroll"), (where, t)
