@@ -31,13 +31,12 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from agentgym.evaluation.numbers import fmt_num  # stdlib only: loads nothing heavy
 from agentgym_cli.common import console
 
 
 def _cell(v: Any) -> Text:
     """A table cell as plain text (never Rich markup: observations may contain '[...]')."""
-    from agentgym.evaluation.numbers import fmt_num
-
     if isinstance(v, bool):
         return Text("yes" if v else "no")
     return Text(fmt_num(v))
