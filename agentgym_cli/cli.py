@@ -85,7 +85,8 @@ def train(
     progress.install(hook)
     from agentgym.tracking.prefect_db import prefect_disk_error
     from agentgym.tracking.tracker import ResumeConflict
-    from flows.train import new_run_id, scaling_inter_rl
+    from flows.train import scaling_inter_rl
+    from tasks.links import new_run_id
 
     # the id is fixed here, not in the flow, so that a failed run can be told how to resume
     cfg = cfg if cfg.run_id else cfg.model_copy(update={"run_id": new_run_id()})

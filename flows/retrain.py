@@ -30,9 +30,10 @@ from agentgym.config import with_overrides
 from agentgym.evaluation.metrics import EvalReport
 from agentgym.registry.champion import CHAMPION, ModelRegistry, decide, materialize
 from agentgym.tracking.tracker import Tracker
-from flows.train import new_run_id, scaling_inter_rl
+from flows.train import scaling_inter_rl
 from agentgym.tracking.artifact_keys import artifact_key
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_model
+from tasks.links import new_run_id
 
 
 def _fmt(x: float | None) -> str:

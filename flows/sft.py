@@ -51,7 +51,7 @@ def sft_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> dict
     links = prefect_tags()
     tracker.set_tags(child, links)
     tracker.describe(child, sft_description(run_id, config.sft.episodes, config.sft.epochs,
-                                            links[TAG_FLOW_RUN_URL]))
+                                            links.get(TAG_FLOW_RUN_URL)))
     if tracker.is_finished(child):
         return _summary(tracker, child)
     try:

@@ -13,13 +13,11 @@ so a resumed run is in the same stage, at the same horizon, as an uninterrupted 
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, tags
 from prefect.futures import PrefectFuture
 
 from agentgym.config import PipelineConfig, with_overrides
@@ -29,7 +27,8 @@ from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.tracking.artifact_keys import artifact_key
 from agentgym.tracking.run_summary import pipeline_description, stage_description, summary_markdown
 from agentgym.tracking.tracker import Tracker
-from tasks.links import TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeline_run_name, prefect_tags
+from tasks.links import (TAG_FLOW_RUN_URL, link_mlflow_run, name_flow_run, pipeline_run_id, pipeline_run_name,
+                         prefect_tags)
 from tasks.rl import (collect_rollouts, compute_advantages, log_final_policy, publish_viewer, restore_policy,
                       save_checkpoint, sync_policy, update_policy)
 from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
@@ -49,8 +48,10 @@ def iteration_metrics(*manifests: dict[str, Any]) -> dict[str, float]:
             if k not in MANIFEST_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+def run_tags(run_id: str) -> tuple[str, ...]:
+    """Prefect tags of a pipeline run's subflow runs (and their task runs): filter the runs of
+    one pipeline run by ``run:<id>``, a stage by ``stage:<i>``, a horizon by ``horizon:<h>``."""
+    return ("agentgym", f"run:{run_id}")
 
 
 STAGE_TABLE_METRICS = ("reward_mean", "success_rate", "turns_per_episode", "format_error_rate")
@@ -98,7 +99,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     links = prefect_tags()
     tracker.set_tags(child, links)
     tracker.describe(child, stage_description(run_id, index, horizon, iterations, start,
-                                              links[TAG_FLOW_RUN_URL]))
+                                              links.get(TAG_FLOW_RUN_URL)))
     every = config.tracking.checkpoint_every
     redo = set(redo_steps or ())
     k = config.rollout.async_steps
@@ -219,14 +220,14 @@ def scaling_inter_rl(
             deployment's config; a partial config parameter would replace the whole config.
     """
     config = with_overrides(config, overrides)
-    run_id = config.run_id or new_run_id()
+    run_id = pipeline_run_id(config)  # made up by the flow run's name, when the config has none
     config = config.model_copy(update={"run_id": run_id})
     name_flow_run(run_id)
     tracker = Tracker.from_config(config.tracking)
     parent = tracker.pipeline_run(run_id, config.model_dump(mode="json"))
     links = prefect_tags()  # both ways: the Prefect flow run on the MLflow run, and back
     tracker.set_tags(parent, links)
-    tracker.describe(parent, pipeline_description(config, run_id, links[TAG_FLOW_RUN_URL]))
+    tracker.describe(parent, pipeline_description(config, run_id, links.get(TAG_FLOW_RUN_URL)))
     link_mlflow_run(run_id, tracker.run_url(parent))
     stages: list[dict[str, Any]] = []
     heldout: dict[str, dict[str, Any]] = {}  # policy label -> held-out result, in table order
@@ -238,7 +239,8 @@ def scaling_inter_rl(
             if config.heldout.base:
                 heldout["base"] = heldout_policy(config, parent, "base", config.model.name_or_path)
         if config.sft.enabled:
-            sft = sft_flow(config, run_id, parent)
+            with tags(*run_tags(run_id), "sft"):
+                sft = sft_flow(config, run_id, parent)
             if config.heldout.enabled:
                 heldout["sft"] = heldout_policy(config, parent, "sft", sft["checkpoint"])
         restored = restore_policy(config, run_id)
@@ -259,10 +261,11 @@ def scaling_inter_rl(
                 stages.append(_stage_summary(_stage_history(tracker, child), child, index, spec.horizon,
                                              spec.iterations, ckpt))
             else:
-                stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
-                                         start_iteration=max(0, start_step - first),
-                                         redo_steps=[s for s in restored["retracted_steps"]
-                                                     if first <= s < first + spec.iterations]))
+                with tags(*run_tags(run_id), f"stage:{index}", f"horizon:{spec.horizon}"):
+                    stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
+                                             start_iteration=max(0, start_step - first),
+                                             redo_steps=[s for s in restored["retracted_steps"]
+                                                         if first <= s < first + spec.iterations]))
             last = index == len(config.stages) - 1
             if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])

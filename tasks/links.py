@@ -1,14 +1,23 @@
-"""Prefect-side glue between the two UIs: the current flow run's URL and name, and the MLflow
-run as a Prefect link artifact (the MLflow side, tags and descriptions, is in ``agentgym``).
+"""Prefect-side glue between the two UIs: the current flow run's URL, name and pipeline run id, and
+the MLflow run as a Prefect link artifact (the MLflow side, tags and descriptions, is in ``agentgym``).
+
+A flow run on a temporary Prefect server (Prefect's ephemeral one, or the one ``agentgym`` starts
+for a command, ``TEMPORARY_SERVER_ENV``) gets no URL: the server, and its pages, end with the
+command. Its flow run id is still recorded. A configured server (``PREFECT_API_URL``, e.g.
+``deployments/local.sh``'s) is linked through ``PREFECT_UI_URL``, derived from the API URL by
+Prefect unless set.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 from prefect.artifacts import create_link_artifact
-from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
+from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
@@ -17,33 +26,46 @@ from agentgym.tracking.artifact_keys import artifact_key
 
 TAG_FLOW_RUN_ID = "agentgym.prefect_flow_run_id"
 TAG_FLOW_RUN_URL = "agentgym.prefect_flow_run_url"
-PENDING = "run-id-pending"  # the name until the flow body has made up a new run id
+#: set by ``agentgym`` to the API URL of the temporary server it started for one command
+TEMPORARY_SERVER_ENV = "AGENTGYM_PREFECT_TEMPORARY_API"
+
+# flow run id -> the pipeline run id its flow-run-name callable made up (same process: the engine
+# calls the name callable in the flow's process just before the body)
+_made_up: dict[str, str] = {}
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def prefect_ui_url() -> str | None:
+    """The Prefect UI of the configured server this process talks to; None on a temporary server."""
+    api = PREFECT_API_URL.value()
+    if not api or api == os.environ.get(TEMPORARY_SERVER_ENV):
+        return None
+    ui = PREFECT_UI_URL.value() or api.rstrip("/").removesuffix("/api")
+    return ui.rstrip("/")
 
 
 def flow_run_url() -> str | None:
-    """The current flow run's page in the Prefect UI (None outside a flow run). Without a
-    configured UI URL (the temporary local server) it is derived from the API's address."""
+    """The current flow run's page in the Prefect UI (None outside a flow run, or on a temporary
+    server, whose pages are gone once the command ends)."""
     fr_id = flow_run.id
-    if fr_id is None:
-        return None
-    ui = PREFECT_UI_URL.value()
-    if not ui:
-        api = PREFECT_API_URL.value()
-        if not api:
-            with get_client(sync_client=True) as client:
-                api = str(client.api_url)
-        ui = api.rstrip("/").removesuffix("/api")
-    return f"{ui.rstrip('/')}/runs/flow-run/{fr_id}"
+    ui = prefect_ui_url()
+    return f"{ui}/runs/flow-run/{fr_id}" if fr_id and ui else None
 
 
 def prefect_tags() -> dict[str, Any]:
-    """MLflow tags that point back at the current Prefect flow run."""
-    return {TAG_FLOW_RUN_ID: flow_run.id, TAG_FLOW_RUN_URL: flow_run_url()}
+    """MLflow tags that point back at the current Prefect flow run: its id, and its URL where
+    the server outlives the run."""
+    url = flow_run_url()
+    return {TAG_FLOW_RUN_ID: flow_run.id, **({TAG_FLOW_RUN_URL: url} if url else {})}
 
 
 def pipeline_run_name() -> str:
-    """``flow_run_name`` of scaling-inter-rl: the pipeline run id (``config.run_id`` after the
-    ``overrides``); a run without one is renamed by ``name_flow_run`` once its id is made up."""
+    """``flow_run_name`` of scaling-inter-rl: the pipeline run id, ``config.run_id`` after the
+    ``overrides``; for a run without one, the id is made up here, before the flow run begins (so
+    its logs name it), and the flow body takes it (:func:`pipeline_run_id`)."""
     params = flow_run.parameters
     config = params.get("config")
     try:
@@ -51,10 +73,23 @@ def pipeline_run_name() -> str:
             config = parse_config(config)
         if isinstance(config, PipelineConfig):
             run_id = with_overrides(config, params.get("overrides")).run_id
-            return run_id or PENDING
+            if run_id:
+                return run_id
     except Exception:  # a bad config fails in the flow body, with its message; not here
         pass
-    return PENDING
+    made = new_run_id()
+    if flow_run.id:
+        _made_up[flow_run.id] = made
+    return made
+
+
+def pipeline_run_id(config: PipelineConfig) -> str:
+    """The pipeline run id of the current flow run: ``config.run_id``, else the one
+    :func:`pipeline_run_name` made up for this flow run, else a new one."""
+    if config.run_id:
+        return config.run_id
+    fr_id = flow_run.id
+    return (_made_up.get(fr_id) if fr_id else None) or new_run_id()
 
 
 def name_flow_run(name: str) -> None:

@@ -19,6 +19,8 @@ def _num(x: Any) -> str:
 
 
 def _link(text: str, url: str | None) -> str:
+    """A markdown link, or ``text`` alone without a URL. Keep ``text`` plain: the Prefect UI shows
+    a code span's backticks in link text literally."""
     return f"[{text}]({url})" if url else text
 
 
@@ -85,7 +87,7 @@ def summary_markdown(run_id: str, result: dict[str, Any], links: dict[str, str |
                 "| metric | value |", "|---|---|"]
         out += [f"| `{k}` | {_num(v)} |" for k, v in sorted(eval_metrics.items())]
     out += ["", "### Where things are", "",
-            "- MLflow: " + _link(f"pipeline run `{result['mlflow_run_id']}`", links.get("mlflow"))
+            "- MLflow: " + _link(f"pipeline run {result['mlflow_run_id']}", links.get("mlflow"))
             + f" (tracking URI `{result['tracking_uri']}`, experiment `{result['experiment']}`)",
             f"- trajectories: `{result['store']}` (`pd.read_parquet(\".../episodes\")`)",
             f"- final checkpoint: `{result['stages'][-1]['checkpoint']}`" if result["stages"] else "",

@@ -1,5 +1,6 @@
 """The whole pipeline as a real Prefect flow on a temporary local server, with real MLflow."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,9 @@ def test_prefect_records_flow_and_stage_subflows(run):
         assert sorted(r.name for r in subs) == ["stage-0-horizon-1", "stage-1-horizon-3"]
         assert all(r.state.is_completed() for r in subs)
         assert sorted(r.parameters["horizon"] for r in subs) == [1, 3]
+        # each stage subflow is tagged with the pipeline run, its stage and its horizon
+        assert sorted(sorted(r.tags) for r in subs) == [
+            ["agentgym", "horizon:1", "run:flow-test", "stage:0"], ["agentgym", "horizon:3", "run:flow-test", "stage:1"]]
 
 
 def test_stage_table_artifacts_link_their_mlflow_runs(run):
@@ -243,19 +247,21 @@ def test_prefect_and_mlflow_link_each_other(run):
     flow_run_id = str(flow_run_id)
     client = MlflowClient(cfg.tracking.tracking_uri)
     parent = client.get_run(result["mlflow_run_id"])
-    # MLflow -> Prefect: the flow run's id and URL as tags, and in the run's description
+    # MLflow -> Prefect: the flow run's id as a tag; no URL, since this test's Prefect server is a
+    # temporary one whose pages end with the process (test_deployments checks the URL of a
+    # configured server's flow run)
     tags = parent.data.tags
     assert tags["agentgym.prefect_flow_run_id"] == flow_run_id
-    url = tags["agentgym.prefect_flow_run_url"]
-    assert url.startswith("http://") and url.endswith(f"/runs/flow-run/{flow_run_id}"), url
+    assert "agentgym.prefect_flow_run_url" not in tags
     note = tags["mlflow.note.content"]
-    assert "`flow-test`" in note and url in note and "keyword" in note
+    assert "`flow-test`" in note and "keyword" in note and "/runs/flow-run/" not in note
     with get_client(sync_client=True) as pc:
         subs, _ = _all_task_runs(pc, flow_run_id)
         stage_flow_runs = {r.parameters["index"]: str(r.id) for r in subs}
         for s in result["stages"]:  # each stage run points at its own stage subflow run
             stage_tags = client.get_run(s["mlflow_run_id"]).data.tags
             assert stage_tags["agentgym.prefect_flow_run_id"] == stage_flow_runs[s["stage"]]
+            assert "agentgym.prefect_flow_run_url" not in stage_tags
             assert f"Stage {s['stage']} of ScalingInter-RL run `flow-test`" in stage_tags["mlflow.note.content"]
         # Prefect -> MLflow: a link artifact of the top-level flow run to the pipeline run's page
         link = _artifact(pc, "mlflow-flow-test")
@@ -270,6 +276,9 @@ def test_prefect_and_mlflow_link_each_other(run):
     assert f"| 0 | 1 | 2 | {stages[0]['success_rate']:.4f} |" in text and "| 1 | 3 | 2 |" in text, text
     assert f"#/experiments/{parent.info.experiment_id}/runs/{stages[1]['mlflow_run_id']}" in text
     assert "`eval/overall/avg_at_2`" in text and "models:/flow-test-policy/1" in text
+    link_texts = re.findall(r"\[([^\]]*)\]\(", text)
+    assert f"pipeline run {parent.info.run_id}" in link_texts and "stage run" in link_texts, link_texts
+    assert not [t for t in link_texts if "`" in t], link_texts  # the Prefect UI would show the backticks
 
 
 def test_final_policy_is_a_registered_mlflow_model(run):
@@ -300,24 +309,39 @@ def test_final_policy_is_a_registered_mlflow_model(run):
     assert len(replies) == 1 and isinstance(replies[0], str)
 
 
-def test_a_run_without_an_id_is_renamed_to_the_id_it_makes_up():
-    """The flow run's name comes from ``config.run_id`` after the overrides; a run that has none
-    is named by its body once the id is made up."""
+def test_a_run_without_an_id_begins_under_the_id_it_makes_up():
+    """The flow run's name comes from ``config.run_id`` after the overrides; for a run that has
+    none, the name callable makes the id up before the flow run begins (so Prefect's "Beginning
+    flow run" log names it) and the body takes that same id."""
+    import logging
+
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
-    from agentgym.config import PipelineConfig
-    from tasks.links import PENDING, name_flow_run, pipeline_run_name
+    from agentgym.config import PipelineConfig, with_overrides
+    from tasks.links import pipeline_run_id, pipeline_run_name
 
-    @flow(flow_run_name=pipeline_run_name)
+    @flow(name="named", flow_run_name=pipeline_run_name)
     def named(config: PipelineConfig, overrides: list[str] | None = None):
-        before = flow_run.name
-        name_flow_run("made-up-id")
-        return before, str(flow_run.id)
+        return flow_run.name, pipeline_run_id(with_overrides(config, overrides)), str(flow_run.id)
 
-    before, fr_id = named(parse_config({}), ["seed=3"])
-    assert before == PENDING
-    assert named(parse_config({}), ["run_id=from-overrides"])[0] == "from-overrides"
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("prefect.flow_runs")  # where the engine logs a run's start
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        name, run_id, fr_id = named(parse_config({}), ["seed=3"])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", name) and run_id == name
+    begun = [r.getMessage() for r in records if r.getMessage().startswith("Beginning flow run")]
+    assert begun == [f"Beginning flow run {name!r} for flow 'named'"], begun
     with get_client(sync_client=True) as client:
-        assert client.read_flow_run(fr_id).name == "made-up-id"
+        assert client.read_flow_run(fr_id).name == run_id
+    assert named(parse_config({}), ["run_id=from-overrides"])[:2] == ("from-overrides", "from-overrides")
+    assert named(parse_config({}))[1] != run_id  # each run without an id makes up its own
