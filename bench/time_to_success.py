@@ -90,6 +90,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "learning"))  # ablation.py (held-out tasks, horizons, config)
 
 import ablation  # noqa: E402
+from agentgym.evaluation.heldout_metrics import BY_POLICY, RANDOM, policy_metric  # noqa: E402
 from update_throughput import ensure_trl_venv  # noqa: E402
 
 ENV = "babyai-base"
@@ -253,12 +254,13 @@ def ours_points(client, run, budget: Budget) -> list[Point]:
     (its stage's last iteration metric -> its held-out metric)."""
     rid = run.info.run_id
 
-    def last(key: str):
-        hist = client.get_metric_history(rid, key)
+    def last(label: str):  # the label's held-out greedy@1, under either naming (heldout_metrics)
+        hist = next((h for h in (client.get_metric_history(rid, f"{prefix}/{label}/overall/greedy_at_1")
+                                 for prefix in (BY_POLICY, "heldout")) if h), [])
         return max(hist, key=lambda m: m.timestamp) if hist else None
 
     episodes = sorted(client.get_metric_history(rid, "episodes"), key=lambda m: m.step)
-    base = last("heldout/base/overall/greedy_at_1")
+    base = last("base")
     if base is None or len(episodes) < budget.iterations:
         raise SystemExit(f"[ours] MLflow run {rid} lacks its base row or iterations ({len(episodes)} of "
                          f"{budget.iterations}); is it finished?")
@@ -267,7 +269,7 @@ def ours_points(client, run, budget: Budget) -> list[Point]:
     evaluating = 0.0
     for k, end in enumerate(budget.stage_ends):
         it = episodes[end - 1]
-        held = last(f"heldout/stage-{k}/overall/greedy_at_1")
+        held = last(f"stage-{k}")
         if held is None:
             raise SystemExit(f"[ours] MLflow run {rid} has no held-out row for stage {k}")
         played = int(sum(m.value for m in episodes[:end]))
@@ -292,7 +294,7 @@ def ours_arm(budget: Budget, args: argparse.Namespace, logs: Path) -> ArmResult:
         run = find_pipeline_run(client, rid)
     return ArmResult("ours", ours_points(client, run, budget), process_s, str(log.relative_to(ROOT)),
                      {"run_id": rid, "mlflow_run_id": run.info.run_id,
-                      "random_valid": run.data.metrics.get("heldout/random-valid/overall/avg_at_1")})
+                      "random_valid": policy_metric(run.data.metrics, RANDOM, "overall/avg_at_1")})
 
 
 # ----------------------------------------------------------------------------- TRL's arms (parent side)

@@ -1,8 +1,9 @@
 """Prefect tasks of the before/after held-out evaluation (``agentgym.evaluation.before_after``).
 
-Each result is logged once to the pipeline's MLflow run -- metrics ``heldout/<policy>/<env>/
-<category>/...`` and the whole report as the artifact ``heldout/<policy>.json`` -- and a re-run
-(resume) reads it back instead of playing the episodes again.
+Each result is logged once to the pipeline's MLflow run -- the family series ``heldout/greedy_at_1``
+(at the global step where the policy stopped training; ``agentgym.evaluation.heldout_metrics``), the
+details ``heldout-by-policy/<policy>/<env>/<category>/...`` and the whole report as the artifact
+``heldout/<policy>.json`` -- and a re-run (resume) reads it back instead of playing the episodes again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agentgym.evaluation import learning_curve
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
 from agentgym.evaluation.before_after import RANDOM, comparison_table, heldout_horizon, random_valid_report
+from agentgym.evaluation.heldout_metrics import BY_POLICY, FAMILY, heldout_step
 from agentgym.evaluation.metrics import EvalReport, evaluate
 from agentgym.infra import progress
 from agentgym.registry.champion import materialize
@@ -33,15 +35,40 @@ def _logged(tracker: Tracker, parent: str, label: str) -> dict[str, Any] | None:
     return tracker.load_dict(parent, path) if tracker.has_artifact(parent, path) else None
 
 
-def _log(tracker: Tracker, parent: str, label: str, result: dict[str, Any]) -> dict[str, Any]:
+def _log(tracker: Tracker, config: PipelineConfig, parent: str, label: str,
+         result: dict[str, Any]) -> dict[str, Any]:
+    step = heldout_step(config.stages, label)
     metrics: dict[str, float] = {}
     for mode in ("greedy", "sampled"):
         if result.get(mode):
-            metrics.update(EvalReport.from_dict(result[mode]).metrics(f"heldout/{label}"))
-    metrics[f"heldout/{label}/seconds"] = result["seconds"]
-    tracker.log_metrics(parent, metrics, step=0)
+            metrics.update(EvalReport.from_dict(result[mode]).metrics(f"{BY_POLICY}/{label}"))
+    metrics[f"{BY_POLICY}/{label}/seconds"] = result["seconds"]
+    tracker.log_metrics(parent, {**metrics, **family_metrics(tracker, config, parent, label, result)}, step=step)
     tracker.log_json(parent, result, f"heldout/{label}.json")
     return result
+
+
+def family_metrics(tracker: Tracker, config: PipelineConfig, parent: str, label: str,
+                   result: dict[str, Any]) -> dict[str, float]:
+    """The held-out result as the family series (``heldout/greedy_at_1``, ``heldout/avg_at_<k>``,
+    ``heldout/pass_at_<k>``) and the random baseline beside it (``heldout/random_valid``). The
+    series follows the policy RL trains: the base model's point is left out when an SFT warm start
+    (also at step 0) is what RL starts from."""
+    if label == RANDOM:
+        return {f"{FAMILY}/random_valid": EvalReport.from_dict(result["sampled"]).score}
+    if label == "base" and config.sft.enabled:
+        return {}
+    out: dict[str, float] = {}
+    if result.get("greedy"):
+        out[f"{FAMILY}/greedy_at_1"] = EvalReport.from_dict(result["greedy"]).score
+    if result.get("sampled"):
+        sampled = EvalReport.from_dict(result["sampled"])
+        out[f"{FAMILY}/avg_at_{sampled.k}"] = sampled.score
+        out[f"{FAMILY}/pass_at_{sampled.k}"] = sampled.score_pass
+    random = _logged(tracker, parent, RANDOM)
+    if random is not None:  # the floor at the same step, so the two series read together
+        out[f"{FAMILY}/random_valid"] = EvalReport.from_dict(random["sampled"]).score
+    return out
 
 
 @task(name="heldout_random_valid", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -53,7 +80,7 @@ def heldout_random_valid(config: PipelineConfig, parent_mlflow_id: str) -> dict[
         return done
     t0 = time.perf_counter()
     report = random_valid_report(config)
-    return _log(tracker, parent_mlflow_id, RANDOM, {
+    return _log(tracker, config, parent_mlflow_id, RANDOM, {
         "label": RANDOM, "model": None, "sampled": report.to_dict(), "greedy": None,
         "seconds": time.perf_counter() - t0})
 
@@ -85,7 +112,7 @@ def heldout_policy(config: PipelineConfig, parent_mlflow_id: str, label: str, mo
         engine.close()
     seconds = time.perf_counter() - t0
     get_run_logger().info("held-out %s: greedy@1 %.3f (%.0f s)", label, greedy.score, seconds)
-    return _log(tracker, parent_mlflow_id, label, {
+    return _log(tracker, config, parent_mlflow_id, label, {
         "label": label, "model": model, "greedy": greedy.to_dict(),
         "sampled": sampled.to_dict() if sampled else None, "seconds": seconds})
 

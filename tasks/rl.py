@@ -15,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from agentgym.config import PipelineConfig
+from agentgym.evaluation.heldout_metrics import FAMILY
 from agentgym.evaluation.viewer import write_html
 from agentgym.infra import progress, tempdirs
 from agentgym.pipeline import IterationRef
@@ -133,14 +134,25 @@ def save_checkpoint(config: PipelineConfig, run_id: str, mlflow_run_id: str, sta
 def log_final_policy(config: PipelineConfig, run_id: str, mlflow_run_id: str, checkpoint: str,
                      global_step: int) -> dict[str, Any]:
     """Log the final checkpoint as the pipeline run's MLflow model (pyfunc ``policy``) and, with
-    ``tracking.registered_model_name``, register it; once per run (a resume reuses both)."""
+    ``tracking.registered_model_name``, register it; once per run (a resume reuses both). The
+    model's page shows what trained it (parameters, description) and its held-out success
+    (``heldout/...`` at ``global_step``, logged again linked to the model)."""
     tracker = Tracker.from_config(config.tracking)
     folder = materialize(checkpoint, config.tracking.tracking_uri, config.model.cache_dir)
     name = config.tracking.registered_model_name
+    stages = " -> ".join(f"h{s.horizon} x {s.iterations}" for s in config.stages)
+    envs = ", ".join(sorted({e.name for e in config.envs}))
     logged = log_policy_model(
         tracker.client, tracker.experiment_id, mlflow_run_id, folder, global_step, registered_model_name=name,
         tags={"agentgym.run_id": run_id, "agentgym.checkpoint": checkpoint, "agentgym.global_step": global_step},
-        description=f"ScalingInter-RL run {run_id}, final policy after {global_step} iterations ({checkpoint})")
+        description=(f"Policy trained by ScalingInter-RL run `{run_id}` ({config.algorithm.estimator.value} on "
+                     f"{envs}, stages {stages}) from `{config.model.name_or_path}`, after {global_step} "
+                     f"iterations. Checkpoint: `{checkpoint}`."),
+        params={"run_id": run_id, "base_model": config.model.name_or_path, "envs": envs,
+                "estimator": config.algorithm.estimator.value, "stages": stages, "global_step": global_step,
+                "group_size": config.rollout.group_size, "learning_rate": config.trainer.learning_rate,
+                "sft_warm_start": config.sft.enabled, "seed": config.seed})
+    tracker.link_model_metrics(mlflow_run_id, logged.model_id, FAMILY + "/", step=global_step)
     return {"model_id": logged.model_id, "model_uri": logged.model_uri, "registered_model_name": name,
             "version": logged.version}
 

@@ -5,7 +5,7 @@ Built from what the run logged to MLflow (so a resumed run draws its whole histo
 iteration metrics ``episodes`` and ``turns_per_episode`` give the environment steps played up to
 each global step, their timestamps the minutes of running (``running_minutes``: without the
 pause of a run killed in one session and resumed in a later one), and the held-out results
-(``heldout/<label>/overall/greedy_at_1``) are placed at the step where their policy stopped
+(``heldout-by-policy/<label>/overall/greedy_at_1``) are placed at the step where their policy stopped
 training (base and SFT at 0 environment steps of RL, ``stage-k`` at the end of stage k).
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from agentgym.evaluation.heldout_metrics import RANDOM, policy_metric
 
 
 @dataclass
@@ -89,7 +91,7 @@ def measured_seconds(client, run, iterations: int, stage_ends: list[int]) -> tup
                 out[m.step] += m.value
     for k, end in enumerate(stage_ends):
         if 0 < end <= iterations:
-            out[end] += run.data.metrics.get(f"heldout/stage-{k}/seconds", 0.0)
+            out[end] += policy_metric(run.data.metrics, f"stage-{k}", "seconds") or 0.0
     return out[:-1], out[-1]
 
 
@@ -113,16 +115,16 @@ def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCu
     curve.minutes, _ = running_minutes(run.info.start_time, run.info.end_time,
                                        [turns[step][1] for step in steps], expected, tail)
     metrics = run.data.metrics
-    curve.random_valid = metrics.get("heldout/random-valid/overall/avg_at_1")
+    curve.random_valid = policy_metric(metrics, RANDOM, "overall/avg_at_1")
     for label in ["base", "sft"] + [f"stage-{k}" for k in range(len(stage_ends))]:
-        key = f"heldout/{label}/overall/greedy_at_1"
-        if key not in metrics:
+        score = policy_metric(metrics, label, "overall/greedy_at_1")
+        if score is None:
             continue
         if label.startswith("stage-"):
             at_steps, minutes = curve.steps_at(stage_ends[int(label.split("-")[1])])
         else:
             at_steps, minutes = 0.0, 0.0
-        curve.heldout.append(CurvePoint(label, metrics[key], at_steps, minutes))
+        curve.heldout.append(CurvePoint(label, score, at_steps, minutes))
     return curve
 
 

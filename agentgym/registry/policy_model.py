@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 from agentgym.tracking.db_full import GuardedClient
+from agentgym.tracking.tracker import NOTE
 
 # an MlflowClient, or the Tracker's guarded one (the same calls, a full database reported clearly)
 Client = MlflowClient | GuardedClient
@@ -52,16 +53,21 @@ def _logged(client: Client, experiment_id: str, mlflow_run_id: str) -> str | Non
 
 def log_policy_model(client: Client, experiment_id: str, mlflow_run_id: str, hf_folder: str | Path,
                      step: int, registered_model_name: str | None = None,
-                     tags: dict[str, Any] | None = None, description: str | None = None) -> LoggedPolicy:
+                     tags: dict[str, Any] | None = None, description: str | None = None,
+                     params: dict[str, Any] | None = None) -> LoggedPolicy:
     """Log ``hf_folder`` as the pyfunc ``policy`` of run ``mlflow_run_id`` (once) and register it
-    as a version of ``registered_model_name`` (once per run) when given."""
+    as a version of ``registered_model_name`` (once per run) when given. ``description`` is the
+    model's description in the MLflow UI (and the registered version's); ``params`` its parameters
+    (what trained it), shown on the model's page."""
     import mlflow.pyfunc
 
     tags = {k: str(v) for k, v in (tags or {}).items()}
     model_id = _logged(client, experiment_id, mlflow_run_id)
     if model_id is None:
-        lm = client.create_logged_model(experiment_id, name=MODEL_NAME, source_run_id=mlflow_run_id,
-                                        tags=tags, model_type="agent-policy")
+        lm = client.create_logged_model(
+            experiment_id, name=MODEL_NAME, source_run_id=mlflow_run_id, model_type="agent-policy",
+            tags={**tags, **({NOTE: description} if description else {})},
+            params={k: str(v)[:6000] for k, v in (params or {}).items()})
         try:
             with tempfile.TemporaryDirectory(prefix="agentgym-model-") as tmp:
                 with warnings.catch_warnings():  # advice to add type hints / an input example

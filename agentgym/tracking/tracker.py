@@ -44,8 +44,24 @@ TAG_SFT_EPOCH = "agentgym.sft_epoch_checkpoint"
 RESUME_MUTABLE = ("run_id", "tracking.", "store.storage_options", "rollout.env_workers")
 
 
-NOTE = "mlflow.note.content"  # the run's description in the MLflow UI
+NOTE = "mlflow.note.content"  # the description of a run, an experiment or a logged model in the MLflow UI
 DEFAULT_UI_URL = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+# MLflow 3's UI opens an experiment in its GenAI view (a traces overview) unless the page's URL
+# says otherwise; these are training runs, so every link this project writes opens the classic
+# view. The experiment tag says the same to UIs that read it (MLflow 3.17 decides by the URL).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+CLASSIC_VIEW = "workflowType=machine_learning"
+EXPERIMENT_DESCRIPTION = (
+    "AgentGym-RL training runs (`agentgym train`, the `scaling-inter-rl` flow). Each pipeline run is a "
+    "parent run named by its run id; its child runs are the ScalingInter-RL stages, named "
+    "`stage<i>-h<horizon> <run id>` (and `sft <run id>` for a warm start).\n\n"
+    "- stage runs: per-iteration metrics with step = global step; `learning/` charts the headline "
+    "series (success, reward, turns, format errors), `time/` where the iteration's time went; "
+    "checkpoints under `checkpoints/`.\n"
+    "- pipeline run: the same per-iteration metrics over all stages, `heldout/greedy_at_1` (held-out "
+    "success of the policy at each stage's end, step = global step) beside `heldout/random_valid`, "
+    "`heldout-by-policy/` for each evaluated policy's details, the logged model `policy`, the trajectory "
+    "viewer and the learning curve.")
 
 
 class ResumeConflict(ValueError):
@@ -201,6 +217,12 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def stage_run_name(run_id: str, index: int, horizon: int) -> str:
+    """A stage run's name: stage and horizon first, so the runs table (which cuts long names)
+    shows them; the run id is also the tag ``agentgym.run_id``."""
+    return f"stage{index}-h{horizon} {run_id}"
+
+
 def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     """For a SQLite store, keep artifacts beside the database (``<db dir>/mlartifacts/<exp>``)
     rather than in ``./mlruns`` of whatever directory the process runs in; None otherwise."""
@@ -222,9 +244,14 @@ class Tracker:
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             self.experiment_id = self.client.create_experiment(
-                experiment, artifact_location=artifact_location or default_artifact_location(tracking_uri, experiment))
+                experiment, artifact_location=artifact_location or default_artifact_location(tracking_uri, experiment),
+                tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], NOTE: EXPERIMENT_DESCRIPTION})
         else:
             self.experiment_id = exp.experiment_id
+            # an experiment made before these tags existed gets them; a description a user wrote stays
+            for key, value in ((EXPERIMENT_KIND[0], EXPERIMENT_KIND[1]), (NOTE, EXPERIMENT_DESCRIPTION)):
+                if key not in exp.tags:
+                    self.client.set_experiment_tag(self.experiment_id, key, value)
             if artifact_location and exp.artifact_location.rstrip("/") != artifact_location.rstrip("/"):
                 raise ArtifactStoreError(
                     f"experiment {experiment!r} already keeps its artifacts at {exp.artifact_location}, so "
@@ -279,7 +306,7 @@ class Tracker:
                 self.client.update_run(found, status="RUNNING")
             return found
         run = self.client.create_run(
-            self.experiment_id, run_name=f"{run_id}-stage{index}-h{horizon}",
+            self.experiment_id, run_name=stage_run_name(run_id, index, horizon),
             tags={TAG_RUN: run_id, TAG_KIND: "stage", TAG_STAGE: str(index),
                   "mlflow.parentRunId": parent},
         )
@@ -300,7 +327,7 @@ class Tracker:
         """Markdown pointing at the run in the MLflow UI: a link for a tracking server, the
         ``mlflow ui`` command for a local store."""
         if self.uri.startswith(("http://", "https://")):
-            url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+            url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}?{CLASSIC_VIEW}"
             return f"[MLflow run {mlflow_run_id}]({url})"
         return f"MLflow run `{mlflow_run_id}` (open with `mlflow ui --backend-store-uri {self.uri}`)"
 
@@ -308,7 +335,12 @@ class Tracker:
         """The run's page in the MLflow UI: ``tracking.ui_url``, else the tracking server, else
         where ``mlflow ui`` serves by default."""
         base = self.ui_url or (self.uri if self.uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}?{CLASSIC_VIEW}"
+
+    def experiment_url(self) -> str:
+        """The experiment's runs table in the MLflow UI (classic view), like :meth:`run_url`."""
+        base = self.ui_url or (self.uri if self.uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs?{CLASSIC_VIEW}"
 
     def describe(self, mlflow_run_id: str, text: str) -> None:
         """The run's description (markdown) in the MLflow UI."""
@@ -382,6 +414,19 @@ class Tracker:
                  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))]
         if batch:
             self.client.log_batch(mlflow_run_id, metrics=batch)
+
+    def link_model_metrics(self, mlflow_run_id: str, model_id: str, prefix: str, step: int) -> list[str]:
+        """Log the run's metrics named ``prefix...`` at ``step`` again, linked to logged model
+        ``model_id`` (same value, step and timestamp), so the model's page in the MLflow UI shows
+        them; once (those already linked are skipped). Returns the keys linked."""
+        linked = {m.key for m in self.client.get_logged_model(model_id).metrics or []}
+        keys = [k for k in self.client.get_run(mlflow_run_id).data.metrics
+                if k.startswith(prefix) and k not in linked]
+        batch = [Metric(k, m.value, m.timestamp, m.step, model_id=model_id)
+                 for k in keys for m in self.client.get_metric_history(mlflow_run_id, k) if m.step == step]
+        if batch:
+            self.client.log_batch(mlflow_run_id, metrics=batch)
+        return [m.key for m in batch]
 
     def log_checkpoint(self, mlflow_run_id: str, folder: str | Path, step: int,
                        meta: dict[str, Any] | None = None) -> str:
@@ -500,7 +545,7 @@ class Tracker:
                 self.client.update_run(found, status="RUNNING")
             return found
         run = self.client.create_run(
-            self.experiment_id, run_name=f"{run_id}-sft",
+            self.experiment_id, run_name=f"sft {run_id}",
             tags={TAG_RUN: run_id, TAG_KIND: "sft", TAG_STAGE: "sft", "mlflow.parentRunId": parent})
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         return run.info.run_id

@@ -51,6 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bootstrap.py beside this script
+from agentgym.evaluation.heldout_metrics import RANDOM, policy_metric  # noqa: E402
 TRACKING = "sqlite:///mlflow-ablation.db"
 #: horizon schedules with the same total iterations (``n`` is divisible by 3)
 SCHEDULES = {
@@ -232,9 +233,9 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
                                     [x.timestamp for x in hist["reward_mean"]], expected, tail)
     held = []
     for i, end in enumerate(stage_ends):
-        key = f"heldout/stage-{i}/overall/greedy_at_1"
-        if key in m and end < len(steps):
-            held.append((float(steps[end]), minutes[end], m[key]))
+        success = policy_metric(m, f"stage-{i}", "overall/greedy_at_1")
+        if success is not None and end < len(steps):
+            held.append((float(steps[end]), minutes[end], success))
     return {"steps": steps, "minutes": minutes, "turns": turns, "reward": [x.value for x in hist["reward_mean"]],
             "format": [x.value for x in hist["format_error_rate"]],
             "invalid": [x.value for x in hist["invalid_action_rate"]], "heldout": held, "wall": wall}
@@ -300,9 +301,9 @@ def _collect(client, env: str, horizons: tuple[int, int, int]) -> tuple[dict | N
             return None, {}, warm
         fingerprint = weights_fingerprint(folder)
     start = {"fingerprint": fingerprint,
-             "random_valid": wm.get("heldout/random-valid/overall/avg_at_1"),
-             "base": wm.get("heldout/base/overall/greedy_at_1"),
-             "after_sft": None if env in FROM_BASE else wm.get("heldout/sft/overall/greedy_at_1")}
+             "random_valid": policy_metric(wm, RANDOM, "overall/avg_at_1"),
+             "base": policy_metric(wm, "base", "overall/greedy_at_1"),
+             "after_sft": None if env in FROM_BASE else policy_metric(wm, "sft", "overall/greedy_at_1")}
     records = {}
     for r in runs:
         c = _curve(client, r["run"], r["schedule"], horizons)

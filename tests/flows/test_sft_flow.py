@@ -93,8 +93,12 @@ def test_sft_stage_resumes_after_sigkill(tmp_path, model_cache, tiny_path):
     parent = client.search_runs([exp.experiment_id],
                                 filter_string=f"tags.`agentgym.run_id` = '{RUN}' and tags.`agentgym.kind` = 'pipeline'")[0]
     for label in ("base", "sft", "stage-1"):
-        hist = client.get_metric_history(parent.info.run_id, f"heldout/{label}/overall/greedy_at_1")
+        hist = client.get_metric_history(parent.info.run_id, f"heldout-by-policy/{label}/overall/greedy_at_1")
         assert len(hist) == 1, (label, hist)
+    # the family series follows the policy RL trains: the SFT start at step 0 (not the base model),
+    # then each stage's end, each with the random baseline at the same step
+    family = client.get_metric_history(parent.info.run_id, "heldout/greedy_at_1")
+    assert sorted(m.step for m in family) == [0, 1, 2], family
     # the learning curve, redrawn after each stage's held-out evaluation
     assert "learning_curve.png" in [a.path for a in client.list_artifacts(parent.info.run_id)]
     assert "learning curve:" in out and "learning_curve.png" in out
