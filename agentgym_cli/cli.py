@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentgym_cli.common import console, quiet_env
+from agentgym_cli.common import console, prefect_server, quiet_env
 from agentgym_cli.eval_cmd import eval_app
 from agentgym_cli.inspect_cmd import inspect_cmd, view_cmd
 
@@ -55,6 +55,7 @@ def train(
         raise typer.Exit(2) from None
     if run_id:
         cfg = cfg.model_copy(update={"run_id": run_id})
+    server = prefect_server()  # starts while the flows are imported; dies with this process
     from tqdm import tqdm
 
     from agentgym.infra import progress
@@ -94,6 +95,8 @@ def train(
               + "".join(f" --set {shlex.quote(s)}" for s in set_) + f" --run-id {cfg.run_id}")
     t0 = time.perf_counter()
     try:
+        if server:
+            server.wait()
         result = scaling_inter_rl(cfg)
     except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001 - reported with the way back in
         if "it" in bar:

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentgym_cli.common import console, quiet_env
+from agentgym_cli.common import console, prefect_server, quiet_env
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate policies; inspect the model registry.")
 
@@ -45,11 +45,14 @@ def eval_run(
     except ConfigError as e:
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
+    server = prefect_server()  # dies with this process (agentgym_cli/common.py)
     from agentgym.evaluation.metrics import EvalReport
     from flows.evaluate import evaluate_policy
     from tasks.evaluation import merged_table
 
     try:
+        if server:
+            server.wait()
         out = evaluate_policy(cfg, model=model, k=k, greedy_too=greedy, seed=seed)
     except ValueError as e:
         console.print(str(e), style="red", markup=False)
