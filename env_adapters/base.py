@@ -69,6 +69,11 @@ class TextEnv(abc.ABC):
         """The currently valid actions when the environment can list them (for baselines)."""
         return None
 
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The functions the agent may call, in OpenAI's function format, for an environment whose
+        actions are function calls (``env_adapters.tool_calls.ToolEnv``); None: text commands."""
+        return None
+
     def context_summary(self) -> str | None:
         """The task and the current state as one self-contained observation, which can stand in
         for the turns before it (``rollout.context_policy: summary``); None: not provided."""
