@@ -23,11 +23,13 @@ from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from agentgym.config import PipelineConfig, parse_config, with_overrides
 from agentgym.tracking.artifact_keys import artifact_key
+from agentgym.tracking.prefect_db import TEMPORARY_SERVER_ENV
+
+__all__ = ["TAG_FLOW_RUN_ID", "TAG_FLOW_RUN_URL", "TEMPORARY_SERVER_ENV", "flow_run_url", "link_mlflow_run",
+           "name_flow_run", "new_run_id", "pipeline_run_id", "pipeline_run_name", "prefect_tags", "prefect_ui_url"]
 
 TAG_FLOW_RUN_ID = "agentgym.prefect_flow_run_id"
 TAG_FLOW_RUN_URL = "agentgym.prefect_flow_run_url"
-#: set by ``agentgym`` to the API URL of the temporary server it started for one command
-TEMPORARY_SERVER_ENV = "AGENTGYM_PREFECT_TEMPORARY_API"
 
 # flow run id -> the pipeline run id its flow-run-name callable made up (same process: the engine
 # calls the name callable in the flow's process just before the body)

@@ -10,19 +10,24 @@ filled tmpfs; ``tests/reliability/test_prefect_disk_full.py``).
 
 ``prefect_disk_error(exc)`` turns such a failure into ``OSError(ENOSPC)`` naming the database
 file, how much space is left, and the settings to fix. It only does so when this process knows
-where the database is (no ``PREFECT_API_URL``: the temporary server, whose database URL this
-process's settings give) and that disk is (nearly) full; any other error is left alone. A
+where the database is (no ``PREFECT_API_URL``, or that of the temporary server `agentgym`
+started: the server whose database URL this process's settings give) and that disk is (nearly) full; any other error is left alone. A
 server elsewhere (``PREFECT_API_URL``) keeps its database out of this process's sight.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 from agentgym.infra.diskspace import NEARLY_FULL_BYTES, error_chain, free_bytes, is_out_of_space, names_the_disk
 
-__all__ = ["prefect_database", "prefect_disk_error"]
+__all__ = ["TEMPORARY_SERVER_ENV", "prefect_database", "prefect_disk_error"]
+
+#: the API URL of the temporary Prefect server `agentgym` started for this command (agentgym_cli/
+#: common.py): a server of this process, on this process's database, though PREFECT_API_URL is set
+TEMPORARY_SERVER_ENV = "AGENTGYM_PREFECT_TEMPORARY_API"
 
 FIX = ("free space on that disk, or move Prefect's database: PREFECT_HOME (the folder holding "
        "prefect.db) or PREFECT_API_DATABASE_CONNECTION_URL (PREFECT_SERVER_DATABASE_CONNECTION_URL)")
@@ -30,13 +35,14 @@ FIX = ("free space on that disk, or move Prefect's database: PREFECT_HOME (the f
 
 def prefect_database() -> Path | None:
     """The SQLite file of the temporary Prefect server this process starts; None when a server
-    elsewhere is used (``PREFECT_API_URL``) or the database is not a local SQLite file."""
+    elsewhere is used (``PREFECT_API_URL``, other than ``TEMPORARY_SERVER_ENV``'s) or the database
+    is not a local SQLite file."""
     try:
         from prefect.settings import get_current_settings
         from sqlalchemy.engine import make_url
 
         settings = get_current_settings()
-        if settings.api.url:
+        if settings.api.url and settings.api.url != os.environ.get(TEMPORARY_SERVER_ENV):
             return None
         secret = settings.server.database.connection_url
         url = make_url(secret.get_secret_value() if secret is not None else "")
