@@ -6,6 +6,12 @@ The "model" is a script: ``next_tokens(prompt_ids, request) -> list[int]`` gives
 before the server applies ``max_tokens``, stop ids and stop strings the way vLLM does (stop on
 the token that completes a stop string, kept in the output with ``include_stop_str_in_output``).
 The log-prob of the k-th token is ``-(k + 1) / 10``, so a test can tell them apart.
+
+``chat`` (optional) scripts ``POST /v1/chat/completions`` (an LLM judge's route):
+``chat(request) -> str`` is the assistant message's content, or ``(status, body)`` to answer
+with that HTTP status and JSON body; without it the route answers 404 as before. Its requests
+go to ``chat_requests``; ``chat_fail_status`` / ``chat_fail_times`` inject failures as
+``fail_status`` / ``fail_times`` do for completions.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Any
 
 class FakeVLLM:
     def __init__(self, tokenizer, next_tokens: Callable[[list[int], dict], list[int]],
-                 model: str = "base-model", delay_s: float = 0.0):
+                 model: str = "base-model", delay_s: float = 0.0,
+                 chat: Callable[[dict], str | tuple[int, Any]] | None = None):
         self.tokenizer = tokenizer
         self.next_tokens = next_tokens
         self.model = model
@@ -28,6 +35,10 @@ class FakeVLLM:
         self.fail_status: int | None = None  # answer completions with this HTTP status
         self.fail_times = 0  # ... this many times (then answer normally)
         self.requests: list[dict[str, Any]] = []
+        self.chat = chat
+        self.chat_requests: list[dict[str, Any]] = []
+        self.chat_fail_status: int | None = None
+        self.chat_fail_times = 0
         self.adapters: dict[str, str] = {}  # name -> path
         self.adapter_calls: list[tuple[str, dict]] = []
         self.in_flight = 0
@@ -60,6 +71,8 @@ class FakeVLLM:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 if self.path == "/v1/completions":
                     return fake._complete(self, body)
+                if self.path == "/v1/chat/completions" and fake.chat is not None:
+                    return fake._chat(self, body)
                 if self.path == "/v1/load_lora_adapter":
                     fake.adapter_calls.append(("load", body))
                     fake.adapters[body["lora_name"]] = body["lora_path"]
@@ -96,6 +109,24 @@ class FakeVLLM:
         finally:
             with self._lock:
                 self.in_flight -= 1
+
+    def _chat(self, handler, body: dict) -> None:
+        assert self.chat is not None
+        with self._lock:
+            self.chat_requests.append(body)
+            fail = self.chat_fail_status if self.chat_fail_times > 0 else None
+            if fail:
+                self.chat_fail_times -= 1
+        if fail:
+            return handler._send(fail, {"error": {"message": "injected failure", "code": fail}})
+        if body.get("model") not in (self.model, *self.adapters):
+            return handler._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                 "code": 404}})
+        out = self.chat(body)
+        if isinstance(out, tuple):
+            return handler._send(*out)
+        handler._send(200, {"object": "chat.completion", "model": body["model"], "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": out}, "finish_reason": "stop"}]})
 
     def _reply(self, body: dict) -> dict:
         planned = self.next_tokens(list(body["prompt"]), body)
