@@ -27,6 +27,7 @@ from agentgym.config import Estimator, PipelineConfig
 from agentgym.batch import EpisodeBatch
 from agentgym.context import merge_segments
 from agentgym.models.folders import resolve_model
+from agentgym.rewards.judge import GroupJudge
 from agentgym.rollout.engines import engine_for
 from agentgym.rollout.engines.base import InferenceEngine
 from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes, run_episodes
@@ -224,6 +225,9 @@ class PolicySession:
             self._engine, self.tokenizer = engine_for(cfg, self.weights)
         self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
+        # reward.judge (agentgym.rewards.judge): None, the default, leaves every reward the environment's
+        judge_cfg = getattr(getattr(cfg, "reward", None), "judge", None)
+        self.judge: GroupJudge | None = None if judge_cfg is None else GroupJudge.for_store(judge_cfg, self.store)
         self._trainer: Trainer | None = None
         # updates the trainer has made, and the version whose weights the engine serves (the two
         # differ between an update and the next weight sync: rollout.async_steps)
@@ -378,7 +382,7 @@ class PolicySession:
         if existing is not None:
             return {"rows": existing.rows, "digest": existing.digest, "reused": True}
         t0 = time.perf_counter()
-        episodes = [e for e in self.store.read_episodes(ref.stage, ref.iteration, turn_text=False)
+        episodes = [e for e in self.store.read_episodes(ref.stage, ref.iteration, turn_text=self.judge is not None)
                     if not e.infra_error]
         read_s = time.perf_counter() - t0
         if not episodes:
@@ -388,10 +392,15 @@ class PolicySession:
         batch = EpisodeBatch.from_episodes(episodes)
         padded = batch.padded(self._pad_id())
         mask = padded.loss_mask
-        rewards = episode_scores(episodes, algo.invalid_action_penalty)  # = rewards when unshaped
+        extra: dict[str, float] = {}
+        scored: list[Episode] = episodes
+        if self.judge is not None:  # alpha x env + (1 - alpha) x judge; each group asked once (cached)
+            judged = self.judge.judge_iteration(episodes, stage=ref.stage, iteration=ref.iteration,
+                                                global_step=ref.global_step)
+            scored, extra = judged.rescored(episodes), dict(judged.metrics)
+        rewards = episode_scores(scored, algo.invalid_action_penalty)  # = rewards when unshaped
         groups = [e.group_id for e in episodes]
         gae = algo.estimator is Estimator.GAE
-        extra: dict[str, float] = {}
         need = ["values"] if gae else []
         if algo.kl_in_reward:
             need.append("ref_logprobs")
@@ -660,6 +669,8 @@ class PolicySession:
         """Release the trainer (Ray rank actors stop), the rollout workers or engine, and the
         weight channel."""
         trainer, self._trainer = self._trainer, None
+        if self.judge is not None:
+            self.judge.close()
         if self._weight_sync is not None:
             self._weight_sync.close()
         try:
