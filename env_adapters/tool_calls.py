@@ -183,3 +183,79 @@ class ToolEnv(TextEnv):
         return StepResult(render_results_text(results), reward, done, False,
                           {**info, "parsed_action": parsed, "success": success, "format_error": False,
                            TOOL_CALLS: [c.as_openai() for c in calls[:len(results)]], TOOL_RESULTS: results})
+
+
+def checked_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """``tools`` (what ``TextEnv.tools()`` returned) if well formed, ``None`` for ``None`` or an
+    empty list (no tools); else ``ValueError`` naming what is wrong.
+
+    Well formed: a list of OpenAI function tools, each ``{"type": "function", "function":
+    {"name", "description"?, "parameters"?}}`` with a non-empty string name unique in the list, a
+    string description where given, parameters a JSON schema object (``"type": "object"``) where
+    given, and the whole list JSON-serializable (it is rendered into prompts and sent over HTTP).
+    """
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ValueError(f"tools() must return None or a list, got {type(tools).__name__}")
+    if not tools:
+        return None
+    names: set[str] = set()
+    for k, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise ValueError(f'tool {k} must be {{"type": "function", "function": {{...}}}}, got {tool!r:.200}')
+        name = fn.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"tool {k} has no name (a non-empty string)")
+        if name in names:
+            raise ValueError(f"tool name {name!r} appears twice")
+        names.add(name)
+        if "description" in fn and not isinstance(fn["description"], str):
+            raise ValueError(f"tool {name!r}: description must be a string")
+        params = fn.get("parameters")
+        if params is not None and (not isinstance(params, dict) or params.get("type") != "object"):
+            raise ValueError(f'tool {name!r}: parameters must be a JSON schema with "type": "object"')
+    try:
+        json.dumps(tools, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"tools are not JSON-serializable: {e}") from None
+    return tools
+
+
+def checked_tool_results(info: Any) -> list[dict[str, Any]] | None:
+    """``info[TOOL_RESULTS]`` if well formed, ``None`` where the step carries none (absent, None
+    or empty); else ``ValueError`` naming what is wrong.
+
+    Well formed: a list of ``{"tool_call_id": str, "name": str, "content": str}``; and where
+    ``info[TOOL_CALLS]`` is given, a list of OpenAI calls (``{"id", "type": "function",
+    "function": {"name", "arguments"}}``) of the same length whose ids and names are the
+    results', in order.
+    """
+    if not isinstance(info, dict):
+        return None
+    results = info.get(TOOL_RESULTS)
+    if results is None or results == []:
+        return None
+    if not isinstance(results, list):
+        raise ValueError(f"info[{TOOL_RESULTS!r}] must be a list, got {type(results).__name__}")
+    for k, r in enumerate(results):
+        if not isinstance(r, dict) or not all(isinstance(r.get(key), str)
+                                              for key in ("tool_call_id", "name", "content")):
+            raise ValueError(f'tool result {k} must be {{"tool_call_id": str, "name": str, "content": str}}, '
+                             f"got {r!r:.200}")
+    calls = info.get(TOOL_CALLS)
+    if calls is None:
+        return results
+    if not isinstance(calls, list) or len(calls) != len(results):
+        raise ValueError(f"info[{TOOL_CALLS!r}] must be a list of one call per result ({len(results)})")
+    for k, (c, r) in enumerate(zip(calls, results)):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments"), (str, dict)):
+            raise ValueError(f'tool call {k} must be {{"id", "type": "function", "function": '
+                             f'{{"name", "arguments"}}}}, got {c!r:.200}')
+        if c.get("id") != r["tool_call_id"] or fn["name"] != r["name"]:
+            raise ValueError(f"tool call {k} ({c.get('id')!r}, {fn['name']!r}) does not match its result "
+                             f"({r['tool_call_id']!r}, {r['name']!r})")
+    return results

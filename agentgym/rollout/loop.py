@@ -20,7 +20,15 @@ baseline.
 ``constrain_actions``: where the environment lists its valid actions, the reply is not free
 text but one of those actions in the reply format (``ChatFormatter.action_reply_ids``), drawn by
 the engine's ``choose`` in proportion to the policy's probability of saying it; where it lists
-none (``valid_actions()`` is ``None`` or empty), the reply is generated as usual.
+none (``valid_actions()`` is ``None`` or empty), the reply is generated as usual. Tool
+environments (``env_adapters.tool_calls.ToolEnv``) list none by default, so their replies are
+always generated freely, even with ``constrain_actions``.
+
+Tools: at its start an episode asks its environment for ``tools()`` and the first prompt carries
+them (``ChatFormatter.start(..., tools=...)``); after a step whose info has ``tool_results`` the
+results are glued as the template's tool messages (``ChatFormatter.glue_step``: ``tool_glue``),
+else the observation as a user turn. A step whose ``tool_results`` / ``tool_calls`` are malformed,
+or an environment whose ``tools()`` is, is an infra error of that episode.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from agentgym.rollout.engines.base import InferenceEngine, SamplingParams
 from agentgym.rollout.env_threads import env_pool
 from agentgym.types import Episode, Turn
 from env_adapters.base import InfraError, StepResult, TextEnv
+from env_adapters.tool_calls import checked_tool_results, checked_tools
 
 
 @dataclass
@@ -107,6 +116,7 @@ class _Live:
     seg_start: int = 0
     seg_first_turn: int = 0
     system: str | None = None
+    tools: list[dict[str, Any]] | None = None  # the environment's tools() for this episode
     head: list[int] = field(default_factory=list)
     turn_ids: list[list[int]] = field(default_factory=list)
     summaries: list[str] = field(default_factory=list)
@@ -232,11 +242,11 @@ def _start_episodes(pool: ThreadPoolExecutor, formatter: ChatFormatter, specs: l
     def start(lv: _Live) -> tuple[Any, str | None]:
         spec = specs[lv.index]
 
-        def _open() -> tuple[TextEnv, str, dict]:
+        def _open() -> tuple[TextEnv, str, dict, list[dict[str, Any]] | None]:
             env = make_env(spec.env, **spec.env_kwargs)
             lv.env = env
             obs, info = env.reset(spec.task_id, spec.seed)
-            return env, obs, info
+            return env, obs, info, checked_tools(env.tools())
 
         return _safe(_open)
 
@@ -244,10 +254,10 @@ def _start_episodes(pool: ThreadPoolExecutor, formatter: ChatFormatter, specs: l
         if err:
             _fail(lv, err)
             continue
-        env, obs, info = res
+        env, obs, info, lv.tools = res
         system = settings.system_prompt if settings.system_prompt is not None else env.system_prompt()
         lv.system = system or None
-        lv.head = formatter.start(lv.system, obs)
+        lv.head = formatter.start(lv.system, obs, tools=lv.tools)
         lv.ep.append(lv.head, sampled=False)
         lv.observation = obs
         lv.state = state_key(obs, info)
@@ -309,7 +319,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
         t0 = time.perf_counter()
         env = fits[j].env
         assert env is not None  # an episode without an environment failed at its start and is done
-        res, err = _safe(lambda: checked(env.step(replies[j])))
+        res, err = _safe(lambda: checked_tool_step(checked(env.step(replies[j]))))
         latency = (time.perf_counter() - t0) * 1000.0
         if err or not summarize:
             return ((res, latency, "") if res else None), err
@@ -328,7 +338,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
                        gen_tokens=len(samples[j].token_ids), latency_ms=latency, state=lv.state):
             lv.done = True
             continue
-        glue = formatter.glue(res.observation, formatter.ends_turn(samples[j].token_ids))
+        glue = formatter.glue_step(res.observation, res.info, formatter.ends_turn(samples[j].token_ids))
         window = False
         if settings.context_policy != ContextPolicy.TRUNCATE.value:  # keep what a later segment copies
             lv.turn_ids.append(list(samples[j].token_ids) + glue)
@@ -366,7 +376,7 @@ def _next_segment(lv: _Live, formatter: ChatFormatter, settings: RolloutSettings
     turns) and the last ``context_window`` turns whole (appended as context, mask 0)."""
     first = lv.turn - settings.context_window
     head = lv.head if settings.context_policy == ContextPolicy.WINDOW.value else \
-        formatter.start(lv.system, lv.summaries[first])
+        formatter.start(lv.system, lv.summaries[first], tools=lv.tools)
     return first, head + [t for ids in lv.turn_ids[first:] for t in ids]
 
 
@@ -421,6 +431,17 @@ def checked(res: StepResult) -> StepResult:
     if not math.isfinite(reward):
         raise InfraError(f"env returned a non-finite reward ({reward}); an environment's reward must "
                          "be a finite number in [0, 1]: the environment is broken, not the policy")
+    return res
+
+
+def checked_tool_step(res: StepResult) -> StepResult:
+    """``res`` if its ``info["tool_results"]`` / ``info["tool_calls"]``, where present, have the
+    shape ``env_adapters.tool_calls`` defines; else ``InfraError`` (the environment is broken:
+    the rollout could not glue the results as tool messages)."""
+    try:
+        checked_tool_results(res.info)
+    except ValueError as e:
+        raise InfraError(f"env returned malformed tool results: {e}") from None
     return res
 
 

@@ -8,7 +8,9 @@ the same thing. They are committed to the trajectory store like rollouts (``pd.r
 reads them the same way) under their own dataset id (:func:`demos_dataset_id`).
 
 Reply format: :meth:`ChatFormatter.action_reply_ids` (the same ids action-constrained decoding
-scores).
+scores). In a tool environment the prompt carries its ``tools()`` and the results are glued as tool
+messages (``ChatFormatter.glue_step``), as in a rollout; its expert's actions are the
+``<tool_call>`` blocks themselves.
 
 ``noise`` > 0 makes some turns a uniformly random valid action instead of the expert's (DART):
 those replies stay in the conversation as context with ``loss_mask`` 0, so the policy sees
@@ -30,6 +32,7 @@ from agentgym.rollout.loop import record_step, state_key
 from agentgym.types import Episode
 from env_adapters.base import TextEnv
 from env_adapters.experts import Expert
+from env_adapters.tool_calls import checked_tools
 
 #: ``policy_version`` of a demonstration episode in the store (no policy wrote it).
 EXPERT_POLICY_VERSION = -1
@@ -79,7 +82,7 @@ def play_demo(
     obs, info = env.reset(spec.task_id, spec.seed)
     expert.reset(env, obs, info)
     system = system_prompt if system_prompt is not None else env.system_prompt()
-    ep.append(formatter.start(system or None, obs), sampled=False)
+    ep.append(formatter.start(system or None, obs, tools=checked_tools(env.tools())), sampled=False)
     state = state_key(obs, info)
     for turn in range(horizon):
         valid = env.valid_actions() or []
@@ -99,7 +102,7 @@ def play_demo(
         if record_step(ep, turn, horizon, obs, reply, res, gen_tokens=len(ids) if from_expert else 0,
                        latency_ms=latency, state=state):
             break
-        ep.append(formatter.glue(res.observation, formatter.ends_turn(ids)), sampled=False)
+        ep.append(formatter.glue_step(res.observation, res.info, formatter.ends_turn(ids)), sampled=False)
         obs, state = res.observation, state_key(res.observation, res.info)
     if ep.reward >= 1.0:
         ep.success = True
