@@ -728,6 +728,7 @@ class MCPEnv(ToolEnv):
             if tool.name == self.SUBMIT:
                 raise ValueError(f"mcp task {task.name}: the server has its own {self.SUBMIT!r} tool")
             schema = copy.deepcopy(dict(tool.input_schema or {"type": "object", "properties": {}}))
+            schema.setdefault("type", "object")
             props = schema.setdefault("properties", {})
             self._inject[tool.name] = {k: v for k, v in hidden.items() if k in props}
             for k in self._inject[tool.name]:
