@@ -18,6 +18,8 @@ ADAPTERS: dict[str, str] = {
     "deepsearch": "env_adapters.deepsearch:DeepSearchEnv",
     # MiniWoB++ pages in headless Chromium, WebArena's accessibility tree and actions
     "miniwob": "env_adapters.miniwob:MiniWoBEnv",
+    # BFCL v4 multi-turn (bfcl-eval's API classes and data): tool calls, kwargs {reward}
+    "bfcl": "env_adapters.bfcl:BFCLEnv",
     # a remote AgentGym server: kwargs {base_url, env_name, dialect}
     "http": "env_adapters.http_client:HTTPEnv",
 }
