@@ -26,6 +26,8 @@ CASES = {
     "textworld": [0, 1, 2],
     # MiniWoB++ in headless Chromium: click-test, click-collapsible, enter-text (instance 0)
     "miniwob": [0, 8, 13],
+    # BFCL multi-turn: base_0, miss_param_50, miss_func_49 (a held-back function), long_context_38
+    "bfcl": [0, 250, 449, 638],
 }
 
 HORIZON = 5
