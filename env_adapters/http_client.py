@@ -13,9 +13,11 @@ agentgym      this project's server (``env_adapters.http_server``; every request
               ``X-AgentGym-Dialect: agentgym`` header, so any of its servers answers in this
               form whatever its default) and the generic form:
               ``POST /create`` -> ``{"id"}``; ``POST /reset {id, data_idx, seed}`` ->
-              ``{"observation", "info", "system_prompt"?}`` (a ``system_prompt`` there
-              spares the ``GET /system_prompt``); ``POST /step {id, action}`` ->
-              ``{"observation", "reward", "done", "terminated", "truncated", "info"}``;
+              ``{"observation", "info", "system_prompt"?, "tools"?}`` (a ``system_prompt``
+              there spares the ``GET /system_prompt``; ``tools``: a tool environment's
+              schemas, what :meth:`HTTPEnv.tools` returns); ``POST /step {id, action}`` ->
+              ``{"observation", "reward", "done", "terminated", "truncated", "info"}`` (a tool
+              environment's ``info`` carries ``tool_results`` and ``tool_calls``);
               ``GET /observation?id=``; ``POST /close {id}``. The raw model reply is sent:
               the server-side adapter parses it.
 textcraft     ``POST /create {commands, goal}`` -> ``{"id", "observation", ...}``;
@@ -73,6 +75,7 @@ from env_adapters.base import InfraError, StepResult, TextEnv, format_error, utf
 from env_adapters.http_pool import ServerPool, pool_for
 from env_adapters.http_server_dialects import DIALECT_HEADER
 from env_adapters.http_transport import new_client
+from env_adapters.tool_calls import checked_tools
 from env_adapters.web_text import fenced_action, parse_web_action
 
 log = logging.getLogger(__name__)
@@ -347,6 +350,7 @@ class HTTPEnv(TextEnv):
         self._client: httpx.Client | None = new_client(self.timeout_s)
         self.env_id: int | None = None
         self._closed = False
+        self._tools: list[dict[str, Any]] | None = None  # the last reset's (agentgym dialect)
 
     # ---------------------------------------------------------------- transport
 
@@ -428,6 +432,7 @@ class HTTPEnv(TextEnv):
         return self._reset(task_id, seed)
 
     def _reset(self, task_id: int, seed: int) -> tuple[str, dict[str, Any]]:
+        self._tools = None  # until this reset's answer says
         env_id = self.env_id
         fresh = env_id is None
         if env_id is None:
@@ -446,6 +451,11 @@ class HTTPEnv(TextEnv):
         prompt = data.get("system_prompt") if isinstance(data, dict) else None
         if self._system_prompt is None and self.dialect.name == "agentgym" and isinstance(prompt, str):
             self._system_prompt = prompt  # what GET /system_prompt?id= would answer, one request less
+        try:  # the episode's tools: a server of this project sends them with the reset
+            self._tools = checked_tools(data.get("tools")) \
+                if isinstance(data, dict) and self.dialect.name == "agentgym" else None
+        except ValueError as exc:
+            raise InfraError(f"{self.name}: {self.base_url}/reset sent malformed tools: {exc}") from None
         info.setdefault("task_id", task_id)
         info.setdefault("seed", seed)
         info["env_id"] = self.env_id
@@ -536,6 +546,12 @@ class HTTPEnv(TextEnv):
             return None
         data = self._request("GET", "valid_actions", params={"id": self.env_id}, allow_404=True)
         return [str(a) for a in data] if isinstance(data, list) else None
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The episode's tools (OpenAI's function format) as the server sent them with the last
+        reset (the ``agentgym`` dialect's ``"tools"``); ``None`` for an environment of text
+        commands, for the other dialects, and before the first reset. No request of its own."""
+        return self._tools
 
     def close(self) -> None:
         """Release the remote instance (best effort, one attempt, never raises); idempotent."""

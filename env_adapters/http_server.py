@@ -9,17 +9,22 @@ unchanged), or per request the one named by the ``X-AgentGym-Dialect`` header (t
 
 * ``POST /create``                          -> ``{"id": int}``
 * ``POST /reset {id, data_idx, seed?}``     -> ``{"id", "observation", "reward": 0, "done": false, "info",
-  "system_prompt"}`` (``system_prompt``: the instance's, as ``GET /system_prompt`` answers it, so
-  a client needs no request for it; left out where the adapter's ``system_prompt()`` fails)
+  "system_prompt", "tools"?}`` (``system_prompt``: the instance's, as ``GET /system_prompt`` answers it, so
+  a client needs no request for it; left out where the adapter's ``system_prompt()`` fails;
+  ``tools``: the episode's tool schemas, as ``GET /tools`` answers them, only for an adapter
+  whose ``tools()`` is not ``None``: function calls as actions, ``env_adapters.tool_calls``)
 * ``POST /step {id, action}``               -> ``{"observation", "reward", "done", "terminated",
   "truncated", "info"}`` (``done = terminated or truncated``); ``action`` is the raw model reply,
-  parsed by the adapter
+  parsed by the adapter. A tool environment's ``info`` carries the step's ``tool_results``
+  (``[{"tool_call_id", "name", "content"}]``) and ``tool_calls`` (OpenAI's form) as the adapter
+  gave them, so the client's rollout renders them as tool messages
 * ``GET /observation?id=``                  -> the current observation (a JSON string, as in AgentGym)
 * ``POST /close {id}``                      -> ``{"id", "closed": true}``
 
 In every dialect: ``GET /health`` -> ``{"status": "ok", "env", "dialect", "envs", "max_envs",
-...}``; ``GET /system_prompt``, ``GET /valid_actions``, ``GET /detail`` (the instance named as the
-dialect names it).
+...}``; ``GET /system_prompt``, ``GET /valid_actions``, ``GET /tools`` (the instance's tool schemas
+since its last reset, or ``null``: an environment of text commands), ``GET /detail`` (the
+instance named as the dialect names it).
 
 Errors follow AgentGym: HTTP 200 with ``{"error": "...", "code": ...}`` (``code`` is one of
 ``bad_request``, ``unknown_id``, ``capacity``, ``env_error``), never a 5xx for an environment
@@ -66,6 +71,7 @@ from starlette.concurrency import run_in_threadpool
 
 import env_adapters
 from env_adapters.base import TextEnv, utf8_safe
+from env_adapters.tool_calls import checked_tools
 from env_adapters.http_limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -104,6 +110,7 @@ class _Slot:
     info: dict[str, Any] = field(default_factory=dict)
     reset_info: dict[str, Any] = field(default_factory=dict)  # the last reset's info
     system_prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None  # the adapter's tools() after the last reset
     episode_return: float = 0.0  # the sum of the episode's rewards (BabyAI's "score")
     previous_score: float = 0.0  # info["score"] before the last step (SciWorld's "reward")
 
@@ -363,6 +370,8 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
         except Exception:  # noqa: BLE001 - GET /system_prompt reports it, if asked
             prompt = None
         slot.system_prompt = prompt if isinstance(prompt, str) else None
+        # the episode's tools: a malformed list is the adapter's fault, answered as an env error
+        slot.tools = checked_tools(_jsonable(slot.env.tools()))
 
     @app.get("/")
     async def hello() -> str:
@@ -474,6 +483,11 @@ def create_app(env_name: str, max_envs: int = 64, idle_timeout_s: float = 600,
     @answers_errors
     async def valid_actions(request: Request):
         return await run_in_threadpool(_get, request, "valid_actions", lambda d, s: _jsonable(s.env.valid_actions()))
+
+    @app.get("/tools")
+    @answers_errors
+    async def tools(request: Request):
+        return await run_in_threadpool(_get, request, "tools", lambda d, s: s.tools)
 
     @app.get("/detail")
     @answers_errors

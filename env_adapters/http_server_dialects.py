@@ -9,7 +9,8 @@ dialect       what a request names and what each route answers
 ============  ===================================================================================
 agentgym      this project's protocol (``env_adapters.http_client``'s default dialect): the
               instance is ``id``, the task ``data_idx``; ``/create`` -> ``{"id"}``; ``/reset``
-              -> ``{"id", "observation", "reward", "done", "info", "system_prompt"?}``;
+              -> ``{"id", "observation", "reward", "done", "info", "system_prompt"?, "tools"?}``
+              (``tools``: a tool environment's schemas);
               ``/step`` -> ``{"observation", "reward", "done", "terminated", "truncated",
               "info"}``; ``GET /observation`` -> the observation (a string); ``/close`` ->
               ``{"id", "closed": true}``.
@@ -144,6 +145,8 @@ class ServerDialect:
                "info": slot.info}
         if isinstance(slot.system_prompt, str):  # spares HTTPEnv a GET /system_prompt per episode
             out["system_prompt"] = slot.system_prompt
+        if slot.tools is not None:  # a tool environment: the episode's tools (GET /tools)
+            out["tools"] = slot.tools
         return out
 
     def step_answer(self, slot: Any, terminated: bool, truncated: bool) -> Any:
