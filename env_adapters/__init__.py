@@ -20,6 +20,8 @@ ADAPTERS: dict[str, str] = {
     "miniwob": "env_adapters.miniwob:MiniWoBEnv",
     # BFCL v4 multi-turn (bfcl-eval's API classes and data): tool calls, kwargs {reward}
     "bfcl": "env_adapters.bfcl:BFCLEnv",
+    # any MCP server over stdio (tool calls): kwargs {task_file, work_root, call_timeout_s, ...}
+    "mcp": "env_adapters.mcp_env:MCPEnv",
     # a remote AgentGym server: kwargs {base_url, env_name, dialect}
     "http": "env_adapters.http_client:HTTPEnv",
 }

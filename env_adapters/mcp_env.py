@@ -253,32 +253,49 @@ def resolve_task_file(task_file: str | os.PathLike[str] | None) -> Path:
 # processes
 
 
-def _kill_group(pgid: int | None) -> None:
-    """SIGKILL every process of group ``pgid`` (the server and what it started)."""
-    if pgid is None:
-        return
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid``. Only for a leader not yet reaped (its pid, hence
+    the group id, cannot have been given to another process)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _marked_processes(token: str, direct: bool = False) -> list[psutil.Process]:
-    """The descendants (``direct``: the children) of this process whose environment carries
-    ``EPISODE_MARKER=token``."""
-    found = []
-    for p in psutil.Process().children(recursive=not direct):
+def _marked(p: psutil.Process, token: str) -> bool:
+    try:
+        return p.environ().get(EPISODE_MARKER) == token
+    except (psutil.Error, OSError):  # gone, a zombie, or not ours to read
+        return False
+
+
+def _children_marked(token: str) -> list[psutil.Process]:
+    """This process's children whose environment carries ``EPISODE_MARKER=token``."""
+    return [p for p in psutil.Process().children() if _marked(p, token)]
+
+
+def kill_episode(token: str, leader: int | None = None) -> None:
+    """SIGKILL every process of an episode: the group of ``leader`` (the server) while it is
+    still the episode's, then every process on the machine whose environment carries
+    ``EPISODE_MARKER=token`` (what the server, the fixture and the checks started, wherever it
+    went: another group, another parent)."""
+    if leader is not None:
         try:
-            if p.environ().get(EPISODE_MARKER) == token:
-                found.append(p)
-        except (psutil.Error, OSError):
+            if _marked(psutil.Process(leader), token):
+                _kill_group(leader)
+        except psutil.Error:
             pass
-    return found
+    for p in psutil.process_iter():
+        if _marked(p, token):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
 
 
 def run_shell(command: str, cwd: str, env: dict[str, str], timeout_s: float) -> tuple[int, str, str]:
     """``/bin/sh -c command`` in a process group of its own; (exit status, stdout, stderr).
-    ``InfraError`` when it cannot start or outlives ``timeout_s`` (its group is killed)."""
+    ``InfraError`` when it cannot start or outlives ``timeout_s`` (its group is then killed)."""
     try:
         proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -287,22 +304,16 @@ def run_shell(command: str, cwd: str, env: dict[str, str], timeout_s: float) -> 
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        _kill_group(proc.pid)  # not reaped yet: the group is still this command's
         proc.communicate()
         raise InfraError(f"mcp: {command!r} did not finish within {timeout_s} s") from None
-    finally:
-        _kill_group(proc.pid)  # whatever it left running in the background
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
 def _abandon(loop: "_LoopThread", token: str, episode: str) -> None:
     """What close() would do, for an instance garbage-collected (or alive at exit) without it:
     kill the episode's processes, remove its folder, stop its event loop."""
-    for p in _marked_processes(token):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    kill_episode(token)
     shutil.rmtree(episode, ignore_errors=True)
     if loop.alive():
         loop.loop.call_soon_threadsafe(loop.loop.stop)
@@ -374,7 +385,7 @@ class _Server:
         try:
             with open(self._errlog_path, "w", encoding="utf-8") as errlog:
                 async with stdio_client(self._params, errlog=errlog) as (read, write):
-                    procs = _marked_processes(self._token, direct=True)
+                    procs = _children_marked(self._token)
                     self.pid = procs[0].pid if procs else None
                     async with ClientSession(read, write) as session:
                         await session.initialize()
@@ -404,6 +415,7 @@ class _Server:
     async def _start(self, timeout_s: float) -> None:
         self._stop = asyncio.Event()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even after a timeout
         self._owner = asyncio.ensure_future(self._own(ready))
         await asyncio.wait_for(asyncio.shield(ready), timeout_s)
 
@@ -423,7 +435,7 @@ class _Server:
             owner.cancel()
         done, _ = await asyncio.wait({owner}, timeout=grace_s)
         if not done:
-            _kill_group(self.pid)
+            kill_episode(self._token, self.pid)
             owner.cancel()
             await asyncio.wait({owner}, timeout=grace_s)
 
@@ -449,18 +461,13 @@ class _Server:
         """Close the session and stdin (the server exits), kill the group if it does not; with
         ``kill_first`` (a dead or hung server) kill at once. Never raises."""
         if kill_first:
-            _kill_group(self.pid)
+            kill_episode(self._token, self.pid)
         if self._loop.alive():
             try:
                 self._loop.run(self._shutdown(grace_s), 2 * grace_s + 10)
             except Exception:  # noqa: BLE001 - the group kill below is the backstop
                 log.warning("mcp: the server's session did not close cleanly", exc_info=True)
-        _kill_group(self.pid)
-        for p in _marked_processes(self._token):  # one that left the group (setsid)
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        kill_episode(self._token, self.pid)  # whatever outlived it
 
     def stderr_tail(self, chars: int = 800) -> str:
         try:
@@ -679,7 +686,10 @@ class MCPEnv(ToolEnv):
         return text
 
     def _env(self, task: MCPTask) -> dict[str, str]:
-        return {**get_default_environment(), **{k: self._fill(v) for k, v in task.env.items()}}
+        """The fixture's and the checks' environment (marked as the episode's)."""
+        assert self._token is not None
+        return {**get_default_environment(), **{k: self._fill(v) for k, v in task.env.items()},
+                EPISODE_MARKER: self._token}
 
     def _start_episode(self, task: MCPTask) -> None:
         root = self.work_root or tempfile.gettempdir()
@@ -690,6 +700,7 @@ class MCPEnv(ToolEnv):
         pairs = {self._workdir: WORKDIR_ALIAS, os.path.realpath(self._workdir): WORKDIR_ALIAS,
                  self._episode: EPISODE_ALIAS, os.path.realpath(self._episode): EPISODE_ALIAS}
         self._scrubs = sorted(pairs.items(), key=lambda kv: -len(kv[0]))
+        self._token = uuid.uuid4().hex
         env = self._env(task)
         for step in task.fixture:
             if step.write is not None:
@@ -702,7 +713,6 @@ class MCPEnv(ToolEnv):
             if rc != 0:
                 raise InfraError(f"mcp task {task.name}: fixture command {step.run!r} exited {rc}: "
                                  f"{(err or out).strip()[-500:]}")
-        self._token = uuid.uuid4().hex
         params = StdioServerParameters(
             command=self._command(self._fill(task.server.command)),
             args=[self._fill(a) for a in task.server.args],
@@ -782,6 +792,8 @@ class MCPEnv(ToolEnv):
         if self._server is not None:
             self._server.stop(kill_first=self._broken is not None)
             self._server = None
+        if self._token is not None:
+            kill_episode(self._token)  # anything a fixture or check command left running
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None

@@ -28,6 +28,8 @@ CASES = {
     "miniwob": [0, 8, 13],
     # BFCL multi-turn: base_0, miss_param_50, miss_func_49 (a held-back function), long_context_38
     "bfcl": [0, 250, 449, 638],
+    # MCP: mcp-server-git's packaged tasks make-branch, last-commit-message, count-commits
+    "mcp": [0, 2, 5],
 }
 
 HORIZON = 5
