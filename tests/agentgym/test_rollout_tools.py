@@ -224,3 +224,17 @@ def test_fallback_observation_is_the_tool_response_text(setup):
         env.reset(ep.task_id, ep.seed)
         res = env.step(ep.turns[0].action_text)
         assert ep.turns[1].observation == render_results_text(res.info[TOOL_RESULTS]) == res.observation
+
+
+def test_window_segments_keep_the_tools_in_their_head(setup):
+    """context_policy window: every new segment starts with the first prompt, tools included."""
+    engine, fmt, _ = setup
+    eps = run_episodes(engine, fmt, _specs(2, listed="all"), _settings(context_policy="window", context_window=1),
+                       make_env)
+    assert all(ep.context_starts for ep in eps)
+    for ep in eps:
+        env = calc_tool_env.CalcToolEnv(listed="all")
+        obs, _ = env.reset(ep.task_id, ep.seed)
+        head = fmt.start(env.system_prompt(), obs, tools=env.tools())
+        for start in [0, *ep.context_starts]:
+            assert ep.input_ids[start:start + len(head)] == head
