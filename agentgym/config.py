@@ -16,8 +16,78 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from env_adapters import ADAPTERS, is_known  # the name table only; adapters load on first use
 
 
+def _form_schema(schema: dict[str, Any]) -> None:
+    """The JSON schema of a config model as the Prefect UI's run form wants it (the form is
+    rendered from it; parsing never reads it). A field that may be None and defaults to None
+    loses its ``default: null``: with it the form opens such a field on its None choice ("Property
+    is type 'None'"); without it the field opens on its value's input, empty, and an empty input
+    is left out of the run's parameters, so the config's default (None) applies. A None-able
+    section (trainer.lora) keeps it: the form would fill an empty section with its defaults and
+    so switch it on."""
+    for prop in schema.get("properties", {}).values():
+        branches = prop.get("anyOf", [])
+        if {"type": "null"} not in branches or "default" not in prop or prop["default"] is not None:
+            continue
+        if not any("$ref" in b or b.get("type") == "object" for b in branches):
+            del prop["default"]
+
+
+def _form_note(note: str) -> Any:
+    """A sentence added to a field's description in the run form only (not in docs/configuration.md)."""
+    def edit(schema: dict[str, Any]) -> None:
+        schema["description"] = f"{schema.get('description', '')} {note}".strip()
+
+    return edit
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_form_schema)
+
+
+def parse_task_ids(text: str) -> list[Any]:
+    """The items of a task-id list written as one string, ``"0:40, 80, 90:100:2"`` (ids and
+    ranges, comma-separated, optionally in brackets): ``[0:40, 80, 90:100:2]`` as list items."""
+    inner = text.strip().removeprefix("[").removesuffix("]")
+    items: list[Any] = []
+    for part in inner.replace(",", " ").split():
+        part = part.strip("'\"")
+        items.append(int(part) if part.lstrip("-").isdigit() else part)
+    return items
+
+
+def compact_task_ids(ids: list[Any]) -> str:
+    """A task-id list as one string :func:`parse_task_ids` reads back to the same ids, in the same
+    order: runs of 3 or more consecutive ids as ``start:stop`` ranges, e.g. ``"0:3, 8, 40:43"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        if isinstance(ids[i], int):
+            while j + 1 < len(ids) and isinstance(ids[j + 1], int) and ids[j + 1] == ids[j] + 1:
+                j += 1
+        if j - i >= 2:
+            out.append(f"{ids[i]}:{ids[j] + 1}")
+        else:
+            out.extend(str(x) for x in ids[i:j + 1])
+        i = j + 1
+    return ", ".join(out)
+
+
+def _task_list_form(default: list[int]) -> Any:
+    """The JSON schema of a task-id list field: one text input in the Prefect run form (``"0:40,
+    80"``) instead of one box per id, or a list (an id list from a config file)."""
+    def edit(schema: dict[str, Any]) -> None:
+        schema.pop("type", None)
+        schema.pop("items", None)
+        schema["anyOf"] = [
+            {"type": "string", "title": "ids and ranges",
+             "description": "Comma-separated ids and start:stop[:step] ranges (stop excluded), e.g. 0:40, 80, 81."},
+            {"type": "array", "title": "list",
+             "items": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]}},
+        ]
+        schema["default"] = compact_task_ids(default)
+
+    return edit
 
 
 class Estimator(str, Enum):
@@ -66,10 +136,12 @@ class EnvSpec(_Strict):
         description="Training task ids (AgentGym data_idx) this environment draws from. Items are "
         "ids or Python-style ranges as strings, 'start:stop' or 'start:stop:step' (stop excluded): "
         "'0:2000:40' is BabyAI level 1 with minigrid seeds 0-49.",
+        json_schema_extra=_task_list_form(list(range(8))),
     )
     eval_tasks: list[int] = Field(
         default_factory=list, description="Held-out task ids for evaluation (empty: no eval); ids or "
-        "'start:stop[:step]' ranges as in tasks."
+        "'start:stop[:step]' ranges as in tasks.",
+        json_schema_extra=_task_list_form([]),
     )
     weight: float = Field(1.0, gt=0, description="Share of each rollout batch in a mixed config.")
     kwargs: dict[str, Any] = Field(
@@ -86,6 +158,8 @@ class EnvSpec(_Strict):
     @field_validator("tasks", "eval_tasks", mode="before")
     @classmethod
     def _expand_ranges(cls, v: Any) -> Any:
+        if isinstance(v, str):  # the run form's one-string form, "0:40, 80" (parse_task_ids)
+            v = parse_task_ids(v)
         if not isinstance(v, list):
             return v
         out: list[Any] = []
@@ -576,10 +650,13 @@ class ScheduleConfig(_Strict):
     ``rounds`` + ``steps_per_stage``."""
 
     stages: list[StageSpec] | None = Field(
-        None, description="Explicit stages: [{horizon: 6, iterations: 10}, ...]."
+        None, description="Explicit stages: [{horizon: 6, iterations: 10}, ...].",
+        json_schema_extra=_form_note("Empty (None): the stages come from rounds and steps_per_stage."),
     )
-    rounds: list[int] | None = Field(None, description="Shorthand: horizons per stage, e.g. [6, 13, 20].")
-    steps_per_stage: int | None = Field(None, ge=1, description="Shorthand: iterations per stage.")
+    rounds: list[int] | None = Field(None, description="Shorthand: horizons per stage, e.g. [6, 13, 20].",
+                                     json_schema_extra=_form_note("Empty (None) when stages are given."))
+    steps_per_stage: int | None = Field(None, ge=1, description="Shorthand: iterations per stage.",
+                                        json_schema_extra=_form_note("Empty (None) when stages are given."))
 
     @model_validator(mode="after")
     def _resolve(self) -> "ScheduleConfig":

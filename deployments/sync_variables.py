@@ -2,10 +2,14 @@
 
 Every ``{{ prefect.variables.agentgym_config_<name> }}`` placeholder in the deployments'
 parameters is set to the mapping of ``<config dir>/<name>.yaml`` (default ``configs/``, or
-``$AGENTGYM_CONFIG_DIR``), after validating it with ``agentgym.config.load_config`` -- a bad
-config fails here, with the field and the fix, instead of at run time. The variable holds the
-file's own mapping (not the expanded config), so the deployment shows what the file says and the
-rest keeps its defaults. ``prefect deploy`` then resolves the placeholders into the deployments.
+``$AGENTGYM_CONFIG_DIR``; a ``-`` in a file name is ``_`` in its variable's: ``tiny-keyword.yaml``
+is ``agentgym_config_tiny_keyword``), after validating it with ``agentgym.config.load_config`` --
+a bad config fails here, with the field and the fix, instead of at run time. The variable holds
+the file's own mapping (not the expanded config), so the deployment shows what the file says and
+the rest keeps its defaults; only its task-id lists are written as one string each (``"0:40, 80"``,
+``agentgym.config.compact_task_ids``: the same ids, in the same order), which the Prefect run form
+shows as one text field instead of a box per id. ``prefect deploy`` then resolves the
+placeholders into the deployments.
 
     python deployments/sync_variables.py [--prefect-file deployments/prefect.yaml] [--config-dir configs]
 
@@ -50,12 +54,23 @@ def placeholders(prefect_file: Path) -> dict[str, str]:
     return found
 
 
+def config_file(config_dir: Path, stem: str) -> Path:
+    """The config file of a placeholder's name: ``<stem>.yaml``, else with ``-`` for ``_``."""
+    path = config_dir / f"{stem}.yaml"
+    dashed = config_dir / f"{stem.replace('_', '-')}.yaml"
+    return dashed if not path.is_file() and dashed.is_file() else path
+
+
 def config_value(path: Path) -> dict[str, Any]:
-    from agentgym.config import load_config
+    from agentgym.config import compact_task_ids, load_config
 
     load_config(path)  # validate (raises ConfigError naming the field and the fix)
     data = yaml.safe_load(path.read_text()) or {}
     data = json.loads(json.dumps(data))  # JSON types only (YAML dates etc. would not survive)
+    for env in data.get("envs") or []:  # one text field each in the run form
+        for key in ("tasks", "eval_tasks"):
+            if isinstance(env, dict) and isinstance(env.get(key), list):
+                env[key] = compact_task_ids(env[key])
     size = len(json.dumps(data))
     if size >= MAX_CHARS:
         raise SystemExit(f"{path}: {size} characters of JSON; a Prefect variable holds < {MAX_CHARS}. "
@@ -74,13 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     from agentgym.config import ConfigError
 
     wanted = placeholders(args.prefect_file)
-    missing = [f"{args.config_dir / (stem + '.yaml')}" for stem in wanted.values()
-               if not (args.config_dir / f"{stem}.yaml").is_file()]
+    missing = [str(config_file(args.config_dir, stem)) for stem in wanted.values()
+               if not config_file(args.config_dir, stem).is_file()]
     if missing:
         print("missing config files: " + ", ".join(missing), file=sys.stderr)
         return 2
     for name, stem in sorted(wanted.items()):
-        path = args.config_dir / f"{stem}.yaml"
+        path = config_file(args.config_dir, stem)
         try:
             value = config_value(path)
         except ConfigError as e:

@@ -18,11 +18,12 @@ import sync_variables  # noqa: E402
 
 SPEC = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
 TRAINING = {"quickstart", "babyai", "textcraft", "sciworld", "deepsearch", "textworld_express", "mixed", "miniwob"}
+SMOKE = "tiny_keyword"  # configs/tiny-keyword.yaml: the tiny model on the keyword task, deployment smoke
 EXPECTED = ({f"scaling-inter-rl/{n}" for n in TRAINING} | {"retrain/nightly", "evaluate-policy/champion"}
-            | {"scaling-inter-rl/babyai-docker"})
+            | {"scaling-inter-rl/babyai-docker", "scaling-inter-rl/smoke"})
 DOCKER = {"babyai-docker"}  # on the agentgym-docker pool; the rest on agentgym-local
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
-NOT_DEPLOYED = {"tiny-keyword"}  # the tiny model on the keyword task: a smoke config, not a deployment
+DEPLOYMENT_OF = {"tiny-keyword": "smoke"}  # a config's training deployment, where not named after it
 
 
 @pytest.mark.parametrize("dep", SPEC["deployments"], ids=lambda d: d["name"])
@@ -40,21 +41,52 @@ def test_entrypoint_loads_and_parameters_fit_its_signature(dep, monkeypatch):
 
 def test_every_config_variable_has_a_valid_small_config():
     wanted = sync_variables.placeholders(ROOT / "deployments" / "prefect.yaml")
-    assert set(wanted.values()) == TRAINING
+    assert set(wanted.values()) == TRAINING | {SMOKE}
     for stem in wanted.values():
-        value = sync_variables.config_value(ROOT / "configs" / f"{stem}.yaml")  # validates
+        path = sync_variables.config_file(ROOT / "configs", stem)
+        value = sync_variables.config_value(path)  # validates
         assert len(json.dumps(value)) < sync_variables.MAX_CHARS
-        assert any(e.get("eval_tasks") for e in value["envs"]), f"{stem}: evaluation needs eval_tasks"
+        if stem != SMOKE:  # the smoke run trains only
+            assert any(e.get("eval_tasks") for e in value["envs"]), f"{stem}: evaluation needs eval_tasks"
+
+
+@pytest.mark.parametrize("stem", CONFIGS)
+def test_a_variable_holds_the_same_config_with_each_task_list_as_one_string(stem):
+    """What the run form shows: each task-id list one text field ("0:40, 80"), parsing to the ids
+    (and order) the file lists; the rest of the file's mapping unchanged."""
+    from agentgym.config import load_config, parse_config
+
+    path = ROOT / "configs" / f"{stem}.yaml"
+    raw, value = yaml.safe_load(path.read_text()), sync_variables.config_value(path)
+    assert parse_config(value) == load_config(path)
+    for env, got in zip(raw["envs"], value["envs"]):
+        assert {k: v for k, v in got.items() if k not in ("tasks", "eval_tasks")} == \
+            {k: v for k, v in env.items() if k not in ("tasks", "eval_tasks")}
+        for key in ("tasks", "eval_tasks"):
+            assert isinstance(got.get(key, ""), str), (key, got)
+    assert {k: v for k, v in value.items() if k != "envs"} == {k: v for k, v in raw.items() if k != "envs"}
+    assert sync_variables.config_file(ROOT / "configs", stem.replace("-", "_")) == path
 
 
 @pytest.mark.parametrize("stem", CONFIGS)
 def test_every_config_validates_and_has_a_training_deployment(stem):
     sync_variables.config_value(ROOT / "configs" / f"{stem}.yaml")  # load_config + the variable size
-    if stem in NOT_DEPLOYED:
-        return
+    variable = f"agentgym_config_{stem.replace('-', '_')}"
     deps = [d for d in SPEC["deployments"] if d["entrypoint"] == "flows/train.py:scaling_inter_rl"
-            and d["name"] not in DOCKER and d["parameters"]["config"] == f"{{{{ prefect.variables.agentgym_config_{stem} }}}}"]
-    assert [d["name"] for d in deps] == [stem], f"configs/{stem}.yaml needs a scaling-inter-rl/{stem} deployment"
+            and d["name"] not in DOCKER and d["parameters"]["config"] == f"{{{{ prefect.variables.{variable} }}}}"]
+    name = DEPLOYMENT_OF.get(stem, stem)
+    assert [d["name"] for d in deps] == [name], f"configs/{stem}.yaml needs a scaling-inter-rl/{name} deployment"
+
+
+def test_deployments_doc_lists_every_deployment():
+    """docs/deployments.md's table names every deployment of prefect.yaml, and no other."""
+    import re
+
+    doc = (ROOT / "docs" / "deployments.md").read_text()
+    table = doc[doc.index("| deployment | entrypoint |"):]
+    table = table[:table.index("\n\n")]
+    listed = set(re.findall(r"^\| `([a-z-]+/[a-z0-9_-]+)` \|", table, re.M))
+    assert listed == EXPECTED, (sorted(EXPECTED - listed), sorted(listed - EXPECTED))
 
 
 def test_nightly_retrain_is_a_cron_schedule():
