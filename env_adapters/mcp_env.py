@@ -385,8 +385,14 @@ class _Server:
         try:
             with open(self._errlog_path, "w", encoding="utf-8") as errlog:
                 async with stdio_client(self._params, errlog=errlog) as (read, write):
-                    procs = _children_marked(self._token)
-                    self.pid = procs[0].pid if procs else None
+                    for _ in range(100):  # the spawn has returned; give /proc a moment all the same
+                        procs = _children_marked(self._token)
+                        if procs:
+                            self.pid = procs[0].pid
+                            break
+                        await asyncio.sleep(0.02)
+                    else:
+                        log.warning("mcp: the server's process was not found (its kill relies on the marker)")
                     async with ClientSession(read, write) as session:
                         await session.initialize()
                         tools: list[Any] = []
@@ -510,6 +516,24 @@ def _map_strings(value: Any, fn: Any) -> Any:
     return value
 
 
+def _without_titles(schema: Any) -> Any:
+    """A JSON schema without its ``title`` annotations (pydantic's "Repo Path" for repo_path:
+    prompt tokens that say nothing); a property *named* title stays."""
+    if isinstance(schema, list):
+        return [_without_titles(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            out[key] = {name: _without_titles(sub) for name, sub in value.items()}
+        else:
+            out[key] = _without_titles(value)
+    return out
+
+
 class MCPEnv(ToolEnv):
     """Tasks of a task file played against their MCP server (module docstring)."""
 
@@ -619,13 +643,12 @@ class MCPEnv(ToolEnv):
             except MCPError as e:
                 if e.code != CONNECTION_CLOSED and self._server.alive():  # the server refused the call
                     raise ToolError(self._scrub(e.message)) from None
-                self._fail(f"the MCP server's connection closed during {call.name}: {e.message}")
+                self._fail(f"the MCP server died or closed its connection during {call.name} ({e.message})")
             except TimeoutError:
                 self._fail(f"the MCP server did not answer {call.name} within {self.call_timeout_s} s")
-            except InfraError as e:
-                self._fail(str(e))
-            except Exception as e:  # noqa: BLE001 - transport faults (broken pipe, closed stream)
-                self._fail(f"the MCP server failed during {call.name}: {type(e).__name__}: {e}")
+            except Exception as e:  # noqa: BLE001 - the transport's faults: closed streams, broken pipes
+                self._fail(f"the MCP server died or closed its connection during {call.name} "
+                           f"({type(e).__name__}: {e})")
             text = self._scrub(_content_text(result)) or "(no output)"
             if len(text) > self.max_result_chars:
                 text = text[:self.max_result_chars] + f"\n[... {len(text) - self.max_result_chars} more characters]"
@@ -745,7 +768,7 @@ class MCPEnv(ToolEnv):
                 del props[k]
             if "required" in schema:
                 schema["required"] = [r for r in schema["required"] if r not in hidden]
-            schema = json.loads(self._scrub(json.dumps(schema, ensure_ascii=False)))
+            schema = json.loads(self._scrub(json.dumps(_without_titles(schema), ensure_ascii=False)))
             self._tools.append(tool_schema(tool.name, self._scrub(tool.description or ""), schema))
 
     def _fail(self, why: str) -> NoReturn:
@@ -761,7 +784,7 @@ class MCPEnv(ToolEnv):
         task = self._task
         assert task is not None and self._server is not None and self._workdir is not None
         if not self._server.alive():
-            self._fail("the MCP server died before submit")
+            self._fail("the MCP server died or closed its connection before submit")
         self._server.stop()  # its writes are done before anything is checked
         self._server = None
         results = [(c.label(), self._check(task, c, utf8_safe(answer))) for c in task.checks]
