@@ -31,7 +31,8 @@ A **task file** (JSON or YAML) describes the episodes::
   ``{"write": "relative/path", "content": "text"}``.
 * ``hidden_arguments`` are filled in by the adapter: removed from the tools' schemas the model
   sees and injected into every call of a tool that takes them (a value the model gives is
-  replaced). Every text the model sees (results, errors, descriptions) has the work folder's
+  replaced); the schemas are shown without their ``title`` annotations (tokens that say
+  nothing). Every text the model sees (results, errors, descriptions) has the work folder's
   path replaced by ``<workdir>`` (and the episode folder's by ``<episode>``); ``<workdir>`` in
   the model's string arguments is turned back into the path.
 * ``checks`` run after ``submit``, once the server has stopped: ``run`` (a shell command in the
