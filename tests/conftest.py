@@ -38,7 +38,8 @@ SLOW_MODULES = (
 )
 #: modules kept in the fast lane although they sit under a slow folder (no process, no server)
 FAST_MODULES = ("tests/flows/test_runtime_sessions.py", "tests/flows/test_prefect_yaml.py")
-SLOW_PARAMS = ("[sciworld]", "[miniwob]", "[sciworld-", "[miniwob-", "-sciworld]", "-miniwob]")
+SLOW_PARAMS = ("[sciworld]", "[miniwob]", "[mcp]", "[sciworld-", "[miniwob-", "[mcp-", "-sciworld]", "-miniwob]",
+               "-mcp]")
 
 
 def pytest_collection_modifyitems(config, items):
