@@ -83,13 +83,15 @@ def parse_tool_calls(reply: str, turn: int = 0) -> tuple[list[ToolCall], str]:
             obj = json.loads(body)
         except json.JSONDecodeError as e:
             raise ToolCallFormatError(f"a <tool_call> block is not valid JSON ({e.msg} at character {e.pos})") from None
+        except RecursionError:  # e.g. 100,000 nested brackets: the model's text, never a crash
+            raise ToolCallFormatError("a <tool_call> block nests JSON too deeply") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             raise ToolCallFormatError('a <tool_call> block must be a JSON object with a "name" string')
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise ToolCallFormatError(f'the "arguments" of {obj["name"]} are not a JSON object') from None
         if not isinstance(args, dict):
             raise ToolCallFormatError(f'the "arguments" of {obj["name"]} must be a JSON object')

@@ -90,6 +90,9 @@ CONSTRAINTS="$VENV/.agentgym-constraints.txt"
 if [[ -n "$TORCH_SPEC" ]]; then echo "$TORCH_SPEC" >> "$CONSTRAINTS"; fi
 if [[ -n "$TRANSFORMERS_SPEC" ]]; then echo "$TRANSFORMERS_SPEC" >> "$CONSTRAINTS"; fi
 DS_BUILD_OPS=0 "${PIP[@]}" install -e "$ROOT[test]" -c "$CONSTRAINTS" "${LOCK_ARGS[@]}"
+# BFCL's API classes and data (env_adapters/bfcl.py), as in scripts/setup.sh: --no-deps, since
+# bfcl-eval pins numpy 1.26 and pulls every model API client; the parts used need mpmath only.
+"${PIP[@]}" install --no-deps "bfcl-eval==2026.3.23"
 
 VLLM_PACKAGE="$VLLM_PACKAGE" "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md

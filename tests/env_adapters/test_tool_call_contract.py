@@ -44,6 +44,8 @@ def test_parse_reads_blocks_ids_and_the_text_around():
     ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "must be a JSON object"),
     ('<tool_call>{"name": "f", "arguments": "[1"}</tool_call>', "not a JSON object"),
     ('<tool_call>{"name": "f"}</tool_call>' * (MAX_CALLS_PER_REPLY + 1), "more than"),
+    ("<tool_call>" + "[" * 100_000 + "</tool_call>", "too deeply"),  # RecursionError in json, not a crash
+    ('<tool_call>{"name": "f", "arguments": "' + "[" * 100_000 + '"}</tool_call>', "not a JSON object"),
 ])
 def test_parse_refuses_malformed_calls_with_a_message_for_the_model(reply, why):
     with pytest.raises(ToolCallFormatError, match=why):
