@@ -26,11 +26,12 @@ from agentgym.chat import ChatFormatter
 from agentgym.config import Estimator, PipelineConfig
 from agentgym.batch import EpisodeBatch
 from agentgym.context import merge_segments
+from agentgym.gateway.agents import iter_played, run_played  # the `agent` kind plays through the gateway
 from agentgym.models.folders import resolve_model
 from agentgym.rewards.judge import GroupJudge
 from agentgym.rollout.engines import engine_for
 from agentgym.rollout.engines.base import InferenceEngine
-from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, iter_episodes, run_episodes
+from agentgym.rollout.loop import EpisodeSpec, RolloutSettings
 from agentgym.schedule import stage_start
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.training.batch import TrainBatch
@@ -258,7 +259,7 @@ class PolicySession:
         or over the rollout workers."""
         if self.pool is not None:
             return self.pool.play(specs, settings)
-        return run_episodes(self.engine, self.formatter, specs, settings, make_env=make_env, on_turn=on_turn)
+        return run_played(self.engine, self.formatter, specs, settings, make_env=make_env, on_turn=on_turn)
 
     @property
     def has_trainer(self) -> bool:
@@ -342,7 +343,7 @@ class PolicySession:
         """One draw of ``collect`` on this process's engine, each episode staged as it ends."""
         tokens_before, gen_before = self.engine.generated_tokens, self.engine.generate_seconds
         summaries, store_s = [], 0.0
-        for ep in iter_episodes(self.engine, self.formatter, specs, settings, make_env=make_env, on_turn=on_turn):
+        for ep in iter_played(self.engine, self.formatter, specs, settings, make_env=make_env, on_turn=on_turn):
             t_add = time.perf_counter()
             writer.add(ep)
             store_s += time.perf_counter() - t_add

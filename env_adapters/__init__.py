@@ -24,6 +24,9 @@ ADAPTERS: dict[str, str] = {
     "mcp": "env_adapters.mcp_env:MCPEnv",
     # a remote AgentGym server: kwargs {base_url, env_name, dialect}
     "http": "env_adapters.http_client:HTTPEnv",
+    # an agent program played through the OpenAI-compatible gateway (agentgym.gateway.agents),
+    # not stepped by the rollout: kwargs {entrypoint, tasks | task_file, timeout_s, workers}
+    "agent": "env_adapters.agent:AgentEnv",
 }
 
 
