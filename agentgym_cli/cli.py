@@ -17,6 +17,7 @@ from rich.table import Table
 
 from agentgym_cli.common import console, prefect_server, quiet_env
 from agentgym_cli.eval_cmd import eval_app
+from agentgym_cli.gateway_cmd import gateway_app
 from agentgym_cli.inspect_cmd import inspect_cmd, view_cmd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentGym-RL on Prefect.")
@@ -27,6 +28,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(env_app, name="env")
 app.add_typer(config_app, name="config")
 app.add_typer(eval_app, name="eval")
+app.add_typer(gateway_app, name="gateway")
 app.command("inspect")(inspect_cmd)
 app.command("view")(view_cmd)
 

@@ -14,6 +14,11 @@ model, driven by the ``openai`` client:
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+import yaml
 from openai import BadRequestError, NotFoundError, OpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,8 +41,9 @@ from agentgym.gateway.server import GatewayServer
 from agentgym.pipeline import IterationRef, PolicySession
 from agentgym.rollout.engines.hf import HFEngine
 from agentgym.rollout.loop import EpisodeSpec, RolloutSettings, run_episodes
+from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.types import Episode
-from configs import parse_tiny_config
+from configs import parse_tiny_config, tiny_config
 from env_adapters import make_env
 
 QWEN25 = (Path(__file__).parent / "fixtures" / "qwen2_5_chat_template.jinja").read_text()
@@ -367,3 +374,51 @@ def test_the_example_agent_runs_the_models_tool_calls(tiny, monkeypatch):
     assert ep.turns[1].observation == "<tool_response>\n7\n</tool_response>"
     assert ep.turns[1].parsed_action == 'submit({"answer": 7})'
     assert fmt.tokenizer.decode(ep.input_ids).count('"name": "multiply"') == 1  # the tools, once, in the prompt
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_gateway_serve_command_stores_ended_episodes(tmp_path, model_cache, sig):
+    """`agentgym gateway serve -c CONFIG --port P` as a real process: an openai client plays
+    episodes; every 2 ended ones are committed as an iteration of the run, and the one left is
+    committed when the server is stopped (Ctrl+C or SIGTERM), which exits 0."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(model_cache, store_root=tmp_path / "store")))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "agentgym_cli.cli", "gateway", "serve", "-c", str(cfg), "--port", str(port),
+           "--run-id", "served", "--commit-every", "2", "--log-level", "warning"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"the server exited early:\n{log_path.read_text()}"
+            try:
+                assert httpx.get(f"{url}/health", timeout=2).json()["status"] == "ok"
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, f"no /health:\n{log_path.read_text()}"
+                time.sleep(0.2)
+        for k in range(3):
+            c = OpenAI(base_url=f"{url}/episodes/cli-e{k}/v1", api_key="x", max_retries=0)
+            _chat(c, [{"role": "user", "content": f"hello {k}"}])
+            httpx.post(f"{url}/episodes/cli-e{k}/reward", json={"reward": k / 2}).raise_for_status()
+            done = httpx.post(f"{url}/episodes/cli-e{k}/end").json()
+            assert done["reward"] == k / 2 and done["turns"] == 1
+        store = TrajectoryStore(str(tmp_path / "store"), "served")
+        assert [e.episode_id for e in store.read_episodes(0, 0)] == ["cli-e0", "cli-e1"]
+        assert not store.is_committed("episodes", 0, 1)  # one episode waits for the next commit
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (last,) = store.read_episodes(0, 1)
+    assert last.episode_id == "cli-e2" and last.reward == 1.0 and last.env == "agent" and sum(last.loss_mask) > 0
+    assert "committed 1 episodes as stage 0 iteration 1 of run served" in log_path.read_text()
