@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT / "deployments"))
 import sync_variables  # noqa: E402
 
 SPEC = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-TRAINING = {"quickstart", "babyai", "textcraft", "sciworld", "deepsearch", "textworld_express", "mixed", "miniwob"}
+TRAINING = {"quickstart", "babyai", "textcraft", "sciworld", "deepsearch", "textworld_express", "mixed", "miniwob",
+            "bfcl", "mcp-git"}  # deployments named after their config file
 SMOKE = "tiny_keyword"  # configs/tiny-keyword.yaml: the tiny model on the keyword task, deployment smoke
 EXPECTED = ({f"scaling-inter-rl/{n}" for n in TRAINING} | {"retrain/nightly", "evaluate-policy/champion"}
             | {"scaling-inter-rl/babyai-docker", "scaling-inter-rl/smoke"})
@@ -41,7 +42,7 @@ def test_entrypoint_loads_and_parameters_fit_its_signature(dep, monkeypatch):
 
 def test_every_config_variable_has_a_valid_small_config():
     wanted = sync_variables.placeholders(ROOT / "deployments" / "prefect.yaml")
-    assert set(wanted.values()) == TRAINING | {SMOKE}
+    assert set(wanted.values()) == {n.replace("-", "_") for n in TRAINING} | {SMOKE}  # variable names
     for stem in wanted.values():
         path = sync_variables.config_file(ROOT / "configs", stem)
         value = sync_variables.config_value(path)  # validates
