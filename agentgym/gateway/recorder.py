@@ -84,30 +84,46 @@ class EngineWorker:
         self._q: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="gateway-engine", daemon=True)
         self._closed = False
+        self._state = threading.Lock()  # closing and queueing exclude each other
         self._thread.start()
 
     def generate(self, prompt: list[int], params: SamplingParams, seed: int, key: str) -> Sample:
         """One reply (blocking): ``params`` without seeds, ``seed`` this row's."""
         fut: Future[Sample] = Future()
-        if self._closed:
-            raise RuntimeError("the gateway's engine worker is closed")
-        self._q.put(("generate", prompt, params, seed, key, fut))
+        with self._state:
+            if self._closed:
+                raise RuntimeError("the gateway's engine worker is closed")
+            self._q.put(("generate", prompt, params, seed, key, fut))
         return fut.result()
 
     def release(self, keys: Iterable[str]) -> None:
-        if not self._closed:
-            self._q.put(("release", list(keys)))
+        with self._state:
+            if not self._closed:
+                self._q.put(("release", list(keys)))
 
     def close(self) -> None:
-        if not self._closed:
+        with self._state:
+            if self._closed:
+                return
             self._closed = True
-            self._q.put(None)
-            self._thread.join(timeout=60)
+            self._q.put(None)  # nothing is queued behind it
+        self._thread.join(timeout=60)
+
+    def _refuse_queued(self) -> None:
+        """At the stop: requests queued behind a stop re-queued mid-batch get an error, never a hang."""
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and item[0] == "generate":
+                item[5].set_exception(RuntimeError("the gateway's engine worker is closed"))
 
     def _run(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
+                self._refuse_queued()
                 return
             batch = [item]
             while len(batch) < self.max_batch:

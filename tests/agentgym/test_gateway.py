@@ -377,7 +377,7 @@ def test_the_example_agent_runs_the_models_tool_calls(tiny, monkeypatch):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_gateway_serve_command_stores_ended_episodes(tmp_path, model_cache, sig):
     """`agentgym gateway serve -c CONFIG --port P` as a real process: an openai client plays
     episodes; every 2 ended ones are committed as an iteration of the run, and the one left is
