@@ -13,23 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentgym.config_base import _Strict
+from agentgym.rewards.judge_config import RewardConfig
 from env_adapters import ADAPTERS, is_known  # the name table only; adapters load on first use
-
-
-def _form_schema(schema: dict[str, Any]) -> None:
-    """The JSON schema of a config model as the Prefect UI's run form wants it (the form is
-    rendered from it; parsing never reads it). A field that may be None and defaults to None
-    loses its ``default: null``: with it the form opens such a field on its None choice ("Property
-    is type 'None'"); without it the field opens on its value's input, empty, and an empty input
-    is left out of the run's parameters, so the config's default (None) applies. A None-able
-    section (trainer.lora) keeps it: the form would fill an empty section with its defaults and
-    so switch it on."""
-    for prop in schema.get("properties", {}).values():
-        branches = prop.get("anyOf", [])
-        if {"type": "null"} not in branches or "default" not in prop or prop["default"] is not None:
-            continue
-        if not any("$ref" in b or b.get("type") == "object" for b in branches):
-            del prop["default"]
 
 
 def _form_note(note: str) -> Any:
@@ -38,10 +24,6 @@ def _form_note(note: str) -> Any:
         schema["description"] = f"{schema.get('description', '')} {note}".strip()
 
     return edit
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_form_schema)
 
 
 def parse_task_ids(text: str) -> list[Any]:
@@ -191,6 +173,14 @@ class EnvSpec(_Strict):
         if bad:
             raise ValueError(f"task ids are AgentGym data_idx values, 0 or more; got {bad[:5]}")
         return v
+
+    @model_validator(mode="after")
+    def _agent_entrypoint(self) -> "EnvSpec":
+        """An agent environment (name: agent) names its entrypoint."""
+        if self.name == "agent" and not isinstance(self.kwargs.get("entrypoint"), str):
+            raise ValueError("envs[].name=agent needs kwargs.entrypoint, the agent's package.module:function "
+                             "called as run(base_url, task); e.g. kwargs: {entrypoint: examples.openai_agent:run}")
+        return self
 
     @model_validator(mode="after")
     def _remote_servers(self) -> "EnvSpec":
@@ -794,7 +784,8 @@ class HeldOutConfig(_Strict):
     the base model before training, the policy after SFT and after each RL stage, side by side."""
 
     enabled: bool = Field(
-        False, description="Run the before/after evaluations (MLflow metrics heldout/POLICY/..., "
+        False, description="Run the before/after evaluations (MLflow series heldout/greedy_at_1 at each "
+        "policy's global step, details heldout-by-policy/POLICY/..., "
         "one Prefect table artifact, the CLI summary's table).")
     horizon: int | None = Field(
         None, ge=1, description="Turn limit of the held-out episodes (None: the last stage's horizon).")
@@ -903,6 +894,10 @@ class PipelineConfig(_Strict):
     envs: list[EnvSpec] = Field(default_factory=lambda: [EnvSpec()], description="Environments.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout generation.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages and losses.")
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig,
+        description="Rewards beyond the environment's: reward.judge, an LLM judge scoring each group's episodes "
+        "relative to each other (agentgym.rewards.judge).")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed policy updates.")
     schedule: ScheduleConfig = Field(
         default_factory=lambda: ScheduleConfig(rounds=[6, 13, 20], steps_per_stage=3),
@@ -946,6 +941,9 @@ class PipelineConfig(_Strict):
         if self.heldout.enabled and not any(e.eval_tasks for e in self.envs):
             raise ValueError("heldout.enabled needs eval_tasks on at least one environment; list "
                              "held-out task ids in envs[].eval_tasks or set heldout.enabled: false")
+        if self.reward.judge is not None and self.algorithm.credit == "turn":
+            raise ValueError("reward.judge scores whole episodes, but algorithm.credit=turn trains on each turn's own "
+                             "reward; set algorithm.credit: outcome, or remove reward.judge")
         if self.rollout.engine == "vllm_server":
             self._check_vllm_server()
         if self.rollout.engine == "vllm":

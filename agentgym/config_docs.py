@@ -7,6 +7,7 @@ models disagree; `agentgym config docs > docs/configuration.md` regenerates it.
 from __future__ import annotations
 
 import json
+import typing
 
 from pydantic import BaseModel
 
@@ -37,9 +38,11 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         out.append(" ".join(model.__doc__.split()) + "\n")
     out.append("| field | default | description |\n|---|---|---|")
     for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            nested.append((name, ann))
+        # a section, or an optional one (``X | None``: trainer.lora, reward.judge) listed the same way
+        for ann in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                nested.append((name, ann))
+                break
         desc = (field.description or "").replace("|", "\\|")
         out.append(f"| `{name}` | {_default(field)} | {desc} |")
     for name, sub in nested:

@@ -227,7 +227,7 @@ class PolicySession:
         self.formatter = ChatFormatter(self.tokenizer, cfg.rollout.response_prefix)
         self.store = TrajectoryStore(cfg.store.root, run_id, cfg.store.storage_options)
         # reward.judge (agentgym.rewards.judge): None, the default, leaves every reward the environment's
-        judge_cfg = getattr(getattr(cfg, "reward", None), "judge", None)
+        judge_cfg = cfg.reward.judge
         self.judge: GroupJudge | None = None if judge_cfg is None else GroupJudge.for_store(judge_cfg, self.store)
         self._trainer: Trainer | None = None
         # updates the trainer has made, and the version whose weights the engine serves (the two

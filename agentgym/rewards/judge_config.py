@@ -8,12 +8,9 @@ unknown fields are rejected, and cross-field checks name the field and the fix.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class _Strict(BaseModel):
-    # agentgym.config._Strict's settings (that module imports this one once it holds reward.judge)
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from agentgym.config_base import _Strict
 
 
 #: RULER's default grading standards (OpenPipe ART, ``art.rewards.ruler``), in our words

@@ -223,3 +223,20 @@ def test_cuda_ipc_weight_sync_needs_a_gpu_share():
     with pytest.raises(ConfigError, match="ray.gpus_per_worker"):
         parse_config({"ray": {"weight_sync": "cuda_ipc"}})
     assert parse_config({"ray": {"weight_sync": "cuda_ipc", "gpus_per_worker": 0.5}}).ray.gpus_per_worker == 0.5
+
+
+def test_an_agent_environment_must_name_its_entrypoint():
+    from agentgym.config import EnvSpec
+
+    with pytest.raises(ValueError, match="kwargs.entrypoint"):
+        EnvSpec(name="agent", tasks=[0])
+    assert EnvSpec(name="agent", tasks=[0], kwargs={"entrypoint": "examples.openai_agent:run"}).kwargs
+
+
+def test_reward_judge_is_refused_with_turn_credit():
+    from agentgym.config import PipelineConfig
+
+    judge = {"base_url": "http://127.0.0.1:8000/v1", "model": "judge"}
+    PipelineConfig(reward={"judge": judge})  # outcome credit (default): accepted
+    with pytest.raises(ValueError, match="algorithm.credit: outcome"):
+        PipelineConfig(reward={"judge": judge}, algorithm={"credit": "turn"})

@@ -97,7 +97,7 @@ def test_the_run_form_opens_a_none_field_on_its_own_input():
     none_able = _none_able(_form_schema())
     assert len(none_able) >= 19, sorted(none_able)
     opens_on_none = sorted(k for k, p in none_able.items() if "default" in p and p["default"] is None)
-    assert opens_on_none == [("TrainerConfig", "lora")]
+    assert opens_on_none == [("RewardConfig", "judge"), ("TrainerConfig", "lora")]
     vague = [k for k, p in none_able.items() if not re.search(r"\bNone\b|\bnull\b", p.get("description", ""))]
     assert not vague, f"say what None means: {vague}"
 
