@@ -149,12 +149,16 @@ def _print_summary(result: dict, seconds: float) -> None:
               + (f" (resumed at step {result['resumed_from_step']})" if result.get("resumed_from_step") else ""))
     out.print(f"trajectories:  {result['store']}")
     out.print(f"MLflow:        {result['tracking_uri']} (experiment '{result['experiment']}', "
-              f"run {result['mlflow_run_id']}); UI: mlflow ui --backend-store-uri {result['tracking_uri']}")
+              f"run {result['mlflow_run_id']})")
+    ui = "" if result["tracking_uri"].startswith(("http://", "https://")) else \
+        f"mlflow ui --backend-store-uri {result['tracking_uri']}, then open "
+    out.print(f"MLflow UI:     {ui}{result['mlflow_url']}")
     out.print(f"checkpoint:    {result['stages'][-1]['checkpoint'] if result['stages'] else '-'}")
     if result.get("learning_curve"):
         out.print(f"learning curve: {result['learning_curve']} (held-out success vs env steps and minutes of running)")
-    out.print("turns table:   python -c \"import pandas as pd; "
-              f"print(pd.read_parquet('{result['store']}/turns'))\"")
+    out.print("turns table:   python -c \"import pandas as pd; from agentgym.store.schema import dataset_schema; "
+              f"print(pd.read_parquet('{result['store']}/turns', schema=dataset_schema('turns')))\"  "
+              "(columns: docs/datasets.md)")
 
 
 @models_app.command("prepare")

@@ -37,7 +37,8 @@ SLOW_MODULES = (
     "tests/env_adapters/test_checker.py", "tests/test_no_prefect_in_library.py", "tests/engines/",
 )
 #: modules kept in the fast lane although they sit under a slow folder (no process, no server)
-FAST_MODULES = ("tests/flows/test_runtime_sessions.py", "tests/flows/test_prefect_yaml.py")
+FAST_MODULES = ("tests/flows/test_runtime_sessions.py", "tests/flows/test_prefect_yaml.py",
+                "tests/flows/test_params.py", "tests/flows/test_links.py")
 SLOW_PARAMS = ("[sciworld]", "[miniwob]", "[mcp]", "[sciworld-", "[miniwob-", "[mcp-", "-sciworld]", "-miniwob]",
                "-mcp]")
 

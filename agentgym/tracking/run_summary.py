@@ -34,7 +34,8 @@ def pipeline_description(config: PipelineConfig, run_id: str, prefect_url: str |
         + (", after an SFT warm start" if config.sft.enabled else "") + ".",
         "",
         f"- trajectories: `{TrajectoryStore.location(config.store.root, run_id)}` (Parquet: episodes, turns, advantages)",
-        "- " + _link("Prefect flow run", prefect_url) + (f" (`{run_id}`)" if prefect_url else ""),
+        ("- " + _link("Prefect flow run", prefect_url) + f" (`{run_id}`)" if prefect_url else
+         f"- Prefect flow run `{run_id}` (on a temporary Prefect server, gone since the run ended: no page to link)"),
         f"- resume: `agentgym train -c <config> --run-id {run_id}`",
     ]
     return "\n".join(lines)
@@ -89,7 +90,8 @@ def summary_markdown(run_id: str, result: dict[str, Any], links: dict[str, str |
     out += ["", "### Where things are", "",
             "- MLflow: " + _link(f"pipeline run {result['mlflow_run_id']}", links.get("mlflow"))
             + f" (tracking URI `{result['tracking_uri']}`, experiment `{result['experiment']}`)",
-            f"- trajectories: `{result['store']}` (`pd.read_parquet(\".../episodes\")`)",
+            f"- trajectories: `{result['store']}` (`pd.read_parquet(\".../episodes\", "
+            "schema=dataset_schema(\"episodes\"))`, columns in docs/datasets.md)",
             f"- final checkpoint: `{result['stages'][-1]['checkpoint']}`" if result["stages"] else "",
             f"- Prefect artifacts: per-stage tables `stage-<i>-{artifact_key(run_id)}`"
             + (f", held-out table `{artifact_key('heldout', run_id)}`" if heldout else "")]

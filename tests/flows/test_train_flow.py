@@ -79,6 +79,12 @@ def test_mlflow_runs_metrics_and_checkpoint(run):
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert sorted((c.data.params["stage"], c.data.params["horizon"]) for c in children) == [("0", "1"), ("1", "3")]
+    # what MLflow's runs table shows first: the stage; a stage run's first chart section: learning/
+    assert sorted(c.info.run_name.split(" ")[0] for c in children) == ["stage0-h1", "stage1-h3"]
+    for c in children:
+        assert {f"learning/{k}" for k in ("reward_mean", "success_rate", "turns_per_episode",
+                                           "format_error_rate")} <= set(c.data.metrics)
+        assert c.data.metrics["learning/success_rate"] == c.data.metrics["success_rate"]
     steps = [m.step for m in client.get_metric_history(parent.info.run_id, "reward_mean")]
     assert steps == [0, 1, 2, 3]
     for key in ("success_rate", "turns_per_episode", "format_error_rate", "policy_loss", "entropy",
@@ -178,7 +184,8 @@ def test_run_link_points_at_a_tracking_server():
 
     tracker = Tracker.__new__(Tracker)  # no server to connect to: only the link is under test
     tracker.uri, tracker.experiment_id = "http://127.0.0.1:5000/", "7"
-    assert tracker.run_link("abc") == "[MLflow run abc](http://127.0.0.1:5000/#/experiments/7/runs/abc)"
+    assert tracker.run_link("abc") == ("[MLflow run abc](http://127.0.0.1:5000/#/experiments/7/runs/abc"
+                                       "?workflowType=machine_learning)")
 
 
 def test_lineage_commits_as_dataset_inputs_and_in_the_checkpoint(run):
@@ -267,7 +274,8 @@ def test_prefect_and_mlflow_link_each_other(run):
         link = _artifact(pc, "mlflow-flow-test")
         assert str(link.flow_run_id) == flow_run_id  # Prefect keeps a link artifact as markdown
         assert link.data == (f"[MLflow pipeline run flow-test](http://127.0.0.1:5000/#/experiments/"
-                             f"{parent.info.experiment_id}/runs/{parent.info.run_id})"), link.data
+                             f"{parent.info.experiment_id}/runs/{parent.info.run_id}"
+                             "?workflowType=machine_learning)"), link.data
         # the run's summary: per-stage table, evaluation, links
         summary = _artifact(pc, "summary-flow-test")
     assert summary.type == "markdown" and str(summary.flow_run_id) == flow_run_id
