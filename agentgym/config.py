@@ -785,7 +785,7 @@ class HeldOutConfig(_Strict):
 
     enabled: bool = Field(
         False, description="Run the before/after evaluations (MLflow series heldout/greedy_at_1 at each "
-        "policy's global step, details heldout-by-policy/POLICY/..., "
+        "policy's global step, details heldout-by-policy/POLICY.ENV.CATEGORY..., "
         "one Prefect table artifact, the CLI summary's table).")
     horizon: int | None = Field(
         None, ge=1, description="Turn limit of the held-out episodes (None: the last stage's horizon).")

@@ -90,7 +90,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "learning"))  # ablation.py (held-out tasks, horizons, config)
 
 import ablation  # noqa: E402
-from agentgym.evaluation.heldout_metrics import BY_POLICY, RANDOM, policy_metric  # noqa: E402
+from agentgym.evaluation.heldout_metrics import RANDOM, detail_keys, policy_metric  # noqa: E402
 from update_throughput import ensure_trl_venv  # noqa: E402
 
 ENV = "babyai-base"
@@ -255,8 +255,9 @@ def ours_points(client, run, budget: Budget) -> list[Point]:
     rid = run.info.run_id
 
     def last(label: str):  # the label's held-out greedy@1, under either naming (heldout_metrics)
-        hist = next((h for h in (client.get_metric_history(rid, f"{prefix}/{label}/overall/greedy_at_1")
-                                 for prefix in (BY_POLICY, "heldout")) if h), [])
+        new, legacy = detail_keys(label)
+        hist = next((h for h in (client.get_metric_history(rid, key) for key in
+                                 (new + "overall.greedy_at_1", legacy + "overall/greedy_at_1")) if h), [])
         return max(hist, key=lambda m: m.timestamp) if hist else None
 
     episodes = sorted(client.get_metric_history(rid, "episodes"), key=lambda m: m.step)

@@ -2,7 +2,7 @@
 
 Each result is logged once to the pipeline's MLflow run -- the family series ``heldout/greedy_at_1``
 (at the global step where the policy stopped training; ``agentgym.evaluation.heldout_metrics``), the
-details ``heldout-by-policy/<policy>/<env>/<category>/...`` and the whole report as the artifact
+details ``heldout-by-policy/<policy>.<env>.<category>...`` and the whole report as the artifact
 ``heldout/<policy>.json`` -- and a re-run (resume) reads it back instead of playing the episodes again.
 """
 
@@ -20,7 +20,7 @@ from agentgym.evaluation import learning_curve
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
 from agentgym.evaluation.before_after import RANDOM, comparison_table, heldout_horizon, random_valid_report
-from agentgym.evaluation.heldout_metrics import BY_POLICY, FAMILY, heldout_step
+from agentgym.evaluation.heldout_metrics import FAMILY, detail_key, heldout_step
 from agentgym.evaluation.metrics import EvalReport, evaluate
 from agentgym.infra import progress
 from agentgym.registry.champion import materialize
@@ -41,8 +41,9 @@ def _log(tracker: Tracker, config: PipelineConfig, parent: str, label: str,
     metrics: dict[str, float] = {}
     for mode in ("greedy", "sampled"):
         if result.get(mode):
-            metrics.update(EvalReport.from_dict(result[mode]).metrics(f"{BY_POLICY}/{label}"))
-    metrics[f"{BY_POLICY}/{label}/seconds"] = result["seconds"]
+            report = EvalReport.from_dict(result[mode]).metrics(label)  # "<label>/<env>/<category>/..."
+            metrics.update({detail_key(label, k[len(label) + 1:]): v for k, v in report.items()})
+    metrics[detail_key(label, "seconds")] = result["seconds"]
     tracker.log_metrics(parent, {**metrics, **family_metrics(tracker, config, parent, label, result)}, step=step)
     tracker.log_json(parent, result, f"heldout/{label}.json")
     return result

@@ -5,7 +5,7 @@ Built from what the run logged to MLflow (so a resumed run draws its whole histo
 iteration metrics ``episodes`` and ``turns_per_episode`` give the environment steps played up to
 each global step, their timestamps the minutes of running (``running_minutes``: without the
 pause of a run killed in one session and resumed in a later one), and the held-out results
-(``heldout-by-policy/<label>/overall/greedy_at_1``) are placed at the step where their policy stopped
+(``heldout-by-policy/<label>.overall.greedy_at_1``) are placed at the step where their policy stopped
 training (base and SFT at 0 environment steps of RL, ``stage-k`` at the end of stage k).
 """
 

@@ -60,7 +60,8 @@ EXPERIMENT_DESCRIPTION = (
     "checkpoints under `checkpoints/`.\n"
     "- pipeline run: the same per-iteration metrics over all stages, `heldout/greedy_at_1` (held-out "
     "success of the policy at each stage's end, step = global step) beside `heldout/random_valid`, "
-    "`heldout-by-policy/` for each evaluated policy's details, the logged model `policy`, the trajectory "
+    "`heldout-by-policy/` for each evaluated policy's details (`<policy>.<env>.<category>.<metric>`), the "
+    "logged model `policy`, the trajectory "
     "viewer and the learning curve.")
 
 

@@ -6,16 +6,21 @@ from agentgym.evaluation.learning_curve import from_mlflow, measured_seconds, pl
 from agentgym.tracking.tracker import Tracker
 
 
-@pytest.mark.parametrize("prefix", ["heldout-by-policy", "heldout"])  # today's naming, and runs logged before it
-def test_curve_places_heldout_points_at_their_stage_ends(tmp_path, prefix):
+@pytest.mark.parametrize("naming", [0, 1])  # today's naming, and runs logged before it
+def test_curve_places_heldout_points_at_their_stage_ends(tmp_path, naming):
+    from agentgym.evaluation.heldout_metrics import detail_keys
+
+    def key(label: str, name: str) -> str:
+        return detail_keys(label)[naming] + (name.replace("/", ".") if naming == 0 else name)
+
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curve")
     run = tracker.pipeline_run("r1", {"seed": 0})
     # two stages of 2 iterations: 8 episodes of 2, 3, then 4, 5 turns
     for step, turns in enumerate([2.0, 3.0, 4.0, 5.0]):
         tracker.log_metrics(run, {"episodes": 8.0, "turns_per_episode": turns, "success_rate": 0.1 * step}, step=step)
-    tracker.log_metrics(run, {f"{prefix}/random-valid/overall/avg_at_1": 0.3, f"{prefix}/base/overall/greedy_at_1": 0.1,
-                              f"{prefix}/stage-0/overall/greedy_at_1": 0.4,
-                              f"{prefix}/stage-1/overall/greedy_at_1": 0.7}, step=0)
+    tracker.log_metrics(run, {key("random-valid", "overall/avg_at_1"): 0.3, key("base", "overall/greedy_at_1"): 0.1,
+                              key("stage-0", "overall/greedy_at_1"): 0.4,
+                              key("stage-1", "overall/greedy_at_1"): 0.7}, step=0)
     curve = from_mlflow(tracker.client, run, stage_ends=[2, 4])
     assert curve.env_steps == [16.0, 40.0, 72.0, 112.0]  # cumulative episodes x turns
     assert curve.train_success == pytest.approx([0.0, 0.1, 0.2, 0.3])

@@ -93,7 +93,7 @@ def test_sft_stage_resumes_after_sigkill(tmp_path, model_cache, tiny_path):
     parent = client.search_runs([exp.experiment_id],
                                 filter_string=f"tags.`agentgym.run_id` = '{RUN}' and tags.`agentgym.kind` = 'pipeline'")[0]
     for label in ("base", "sft", "stage-1"):
-        hist = client.get_metric_history(parent.info.run_id, f"heldout-by-policy/{label}/overall/greedy_at_1")
+        hist = client.get_metric_history(parent.info.run_id, f"heldout-by-policy/{label}.overall.greedy_at_1")
         assert len(hist) == 1, (label, hist)
     # the family series follows the policy RL trains: the SFT start at step 0 (not the base model),
     # then each stage's end, each with the random baseline at the same step
