@@ -101,8 +101,8 @@ class ModelConfig(_Strict):
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Weights dtype of the rollout engine. auto: bfloat16 where the hardware has "
-        "bf16 arithmetic (CUDA, or a CPU with AVX512-BF16 / AMX), else float32 (emulated bf16 was 7x "
-        "slower than fp32 on a CPU without them; see agentgym/models/hardware.py)."
+        "bf16 arithmetic (CUDA, or a CPU with AVX512-BF16 / AMX), else float32 (emulated bf16 is many "
+        "times slower than fp32 on a CPU without them; see agentgym/models/hardware.py)."
     )
     cache_dir: str = Field(
         "~/.cache/agentgym/models", description="Where prepared models (tiny, smollm2) are cached."
@@ -588,8 +588,8 @@ class TrainerConfig(_Strict):
     )
     bf16: bool | Literal["auto"] = Field(
         "auto", description="Train in bf16 (DeepSpeed keeps fp32 master weights). auto: where the "
-        "hardware has bf16 arithmetic (see model.dtype); emulated bf16 made forward + backward 15x "
-        "slower than fp32 on a CPU without it.")
+        "hardware has bf16 arithmetic (see model.dtype); emulated bf16 makes forward + backward "
+        "many times slower than fp32 on a CPU without it.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     train_layers: int | None = Field(
         None, ge=1,
