@@ -39,8 +39,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import benchlib
+import results_io
 from benchlib import Row
 
 from env_adapters.babyai import BabyAIEnv
@@ -71,6 +73,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--engine", choices=["hf", "vllm_server"], default="hf",
                     help="hf: in-process rollouts (constrained actions); vllm_server: a `vllm serve` "
                          "on loopback (free text, LoRA sync)")
+    results_io.add_tag_argument(ap)
     return ap.parse_args()
 
 
@@ -102,7 +105,7 @@ def _start_server(args: argparse.Namespace):
 
 
 def _run(tmp: Path, latency_ms: float, async_steps: int, args: argparse.Namespace,
-         server_url: str | None = None) -> dict[str, float]:
+         server_url: str | None = None) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
     from agentgym.config import load_config, with_overrides
@@ -130,15 +133,19 @@ def _run(tmp: Path, latency_ms: float, async_steps: int, args: argparse.Namespac
     def busy(key: str) -> float:
         return sum(m.value for m in hist[key]) / wall
 
+    per_iteration = [{"step": m.step, "end_s": m.timestamp / 1000.0 - stage.info.start_time / 1000.0,
+                      **{k: next((x.value for x in hist[k] if x.step == m.step), None) for k in hist}}
+                     for m in hist["reward_mean"]]
     return {"wall_s": wall / len(hist["reward_mean"]), "generator_busy": busy("rollout_seconds"),
-            "trainer_busy": busy("update_seconds") + busy("time/advantages_compute_s")}
+            "trainer_busy": busy("update_seconds") + busy("time/advantages_compute_s"),
+            "iterations": per_iteration}
 
 
 def main() -> None:
     args = _parse()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # async_overlap:LatencyBabyAI for the config
-    load_before = os.getloadavg()
+    run = benchlib.start("async_overlap", args)
     rows, raw = [], {}
     server = _start_server(args)
     try:
@@ -148,7 +155,8 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="agentgym-overlap-") as tmp:
                     t0 = time.perf_counter()
                     got[a] = _run(Path(tmp), latency, a, args, server.url if server else None)
-                    print(f"latency {latency:.0f} ms, async_steps {a}: {got[a]} "
+                    print(f"latency {latency:.0f} ms, async_steps {a}: "
+                          f"{ {k: v for k, v in got[a].items() if k != 'iterations'} } "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             raw[str(latency)] = got
     finally:
@@ -168,7 +176,9 @@ def main() -> None:
                     1 - sync["trainer_busy"], ratio=float("nan")),
             ]
     benchlib.print_table(rows, f"async_steps ({args.engine}): wall per iteration over the stage")
-    benchlib.write_results("async_overlap", rows, args, {"runs": raw}, load_before=load_before)
+    repeats = [{"latency_ms": latency, "async_steps": a, **got} for latency in args.latencies
+               for a, got in raw[str(latency)].items()]
+    benchlib.write_results(run, rows, repeats)
 
 
 if __name__ == "__main__":

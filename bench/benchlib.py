@@ -2,23 +2,23 @@
 
 Scripts run as ``python bench/<name>.py``, so this folder is on ``sys.path`` and they import it
 as ``benchlib``. Each script prints ``metric | ours | baseline | ratio | target | met`` and
-writes ``bench/results/<name>-<UTC timestamp>.json`` (ignored by git) with the machine's load
-average, torch's thread count and the package versions next to its numbers: these machines
-are shared, and a ratio means little without the load it was measured under.
+writes its record, ``bench/results/<name>-<tag>.json`` (``results_io``: committed; config,
+commit, machine, load at start and end, every repeat's raw numbers): these machines are shared,
+and a ratio means little without the load it was measured under.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import platform
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import results_io
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -87,7 +87,8 @@ def print_table(rows: list[Row], title: str = "") -> None:
 
 
 def environment() -> dict[str, Any]:
-    """Load average, threads and versions: what a timing needs beside it to be read."""
+    """Load average, threads and versions: what a timing needs beside it to be read (the
+    ``machine`` of a record, ``results_io.machine``, has these and more)."""
     import torch
 
     versions = {}
@@ -103,20 +104,25 @@ def environment() -> dict[str, Any]:
             "nice": os.nice(0)}
 
 
-def write_results(name: str, rows: list[Row], args: Any, extra: dict[str, Any] | None = None,
-                  load_before: tuple[float, float, float] | None = None) -> Path:
-    """``bench/results/<name>-<timestamp>.json``: the table, the arguments, the environment."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = RESULTS / f"{name}-{stamp}.json"
-    rec = {"bench": name, "utc": stamp, "args": vars(args) if args is not None else {},
-           "rows": [r.as_dict() for r in rows], "env": environment(),
-           "loadavg_before": load_before, **(extra or {})}
-    out.write_text(json.dumps(rec, indent=1, default=str))
-    la = rec["env"]["loadavg"]
-    print(f"\nload average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} (before: "
-          f"{' '.join(f'{x:.2f}' for x in load_before) if load_before else '-'}); results: "
-          f"{out.relative_to(ROOT)}")
+def start(name: str, args: Any) -> results_io.Run:
+    """The record of this run, begun now (load average and time at start): call it before the
+    measurements, and ``write_results`` with it after them."""
+    return results_io.Run(name, args)
+
+
+def write_results(run: results_io.Run, rows: list[Row], repeats: list[Any], summary: dict[str, Any] | None = None,
+                  tag: str | None = None) -> Path:
+    """``bench/results/<name>-<tag>.json`` (``results_io``): config, commit, machine, load at start and
+    end, ``repeats`` (every measured repeat's raw numbers) and as results the table's rows plus
+    ``summary``."""
+    out = run.write(repeats, {"rows": [r.as_dict() for r in rows], **(summary or {})}, tag=tag)
+    la, lb = os.getloadavg(), run.load_start
+    try:
+        shown = out.relative_to(ROOT)
+    except ValueError:
+        shown = out
+    print(f"\nload average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} (start: {' '.join(f'{x:.2f}' for x in lb)}); "
+          f"results: {shown}")
     return out
 
 

@@ -10,7 +10,7 @@ Each engine gets the same prompts (a batch of chat-formatted, environment-like o
 ~100-200 tokens each), samples at temperature 1 with no stop condition, so every reply is exactly
 ``--new-tokens`` long, and is timed over ``--reps`` runs after one warm-up, the two engines' runs interleaved (so a change
 in machine load hits both). The number reported is the best run's generated tokens / wall seconds (prefill included). Engine start-up is printed
-apart. Models:
+apart. Every run's seconds and tokens go into ``bench/results/engines_throughput-<tag>.json``. Models:
 
 * ``tiny``     the project's tiny random Qwen2, built with head_dim 32 (vLLM's CPU attention
                does not take the default tiny model's head_dim 16);
@@ -25,6 +25,7 @@ import sys
 import time
 
 import benchlib
+import results_io
 
 
 def _parse() -> argparse.Namespace:
@@ -37,6 +38,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--kv-cache-gb", type=float, default=1.0, help="vLLM CPU KV cache")
     ap.add_argument("--cache-dir", default="~/.cache/agentgym/models")
+    results_io.add_tag_argument(ap)
     return ap.parse_args()
 
 
@@ -97,8 +99,9 @@ def _best(runs: list[tuple[float, int]]) -> tuple[float, int]:
 def main() -> int:
     from agentgym.rollout.engines.vllm import VLLMEngine
 
+    run = benchlib.start("engines_throughput", ARGS)
     params = SamplingParams(max_new_tokens=ARGS.new_tokens, temperature=1.0, top_p=1.0)
-    rows = []
+    rows, repeats = [], []
     for name in [m.strip() for m in ARGS.models.split(",") if m.strip()]:
         path = _tiny_hd32(ARGS.cache_dir) if name == "tiny" else resolve_model(name, ARGS.cache_dir)
         t0 = time.perf_counter()
@@ -117,6 +120,8 @@ def main() -> int:
         for r in range(ARGS.reps):  # interleaved, so a change in machine load hits both engines
             hf_runs.append(_run(hf, prompts, params, r))
             vl_runs.append(_run(vl, prompts, params, r))
+        repeats += [{"model": name, "engine": engine, "rep": r, "s": dt, "tokens": toks}
+                    for engine, runs in (("hf", hf_runs), ("vllm", vl_runs)) for r, (dt, toks) in enumerate(runs)]
         (hf_dt, hf_toks), (vl_dt, vl_toks) = _best(hf_runs), _best(vl_runs)
         hf.close()
         vl.close()
@@ -132,6 +137,12 @@ def main() -> int:
     for name, plen, hf_tps, vl_tps, hf_s, vl_s, _, _ in rows:
         print(f"{name:<10} {plen:>7.0f} {hf_tps:>10.1f} {vl_tps:>11.1f} {vl_tps / hf_tps:>7.2f}x "
               f"{hf_s:>8.1f}s {vl_s:>10.1f}s")
+    table = [benchlib.Row(f"{name}: vLLM vs HF generated tokens/s (best of {ARGS.reps})", vl_tps, hf_tps,
+                          unit="tok/s") for name, _, hf_tps, vl_tps, *_ in rows]
+    benchlib.write_results(run, table, repeats, {"per_model": [
+        {"model": name, "prompt_tokens_mean": plen, "hf_tok_s": hf_tps, "vllm_tok_s": vl_tps, "hf_start_s": hf_s,
+         "vllm_start_s": vl_s, "hf_tokens": hf_t, "vllm_tokens": vl_t}
+        for name, plen, hf_tps, vl_tps, hf_s, vl_s, hf_t, vl_t in rows]})
     return 0
 
 

@@ -28,7 +28,6 @@ default, which caps the speed-up at the default.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import time
 import psutil
 
 import benchlib
+import results_io
 from benchlib import Row
 
 
@@ -49,6 +49,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--env-workers", type=int, default=0, help="thread pool size (0: N)")
     ap.add_argument("--quick", action="store_true", help="N = 1, 4; inproc; horizon 2 (smoke)")
     ap.add_argument("--serve", nargs=2, metavar=("PORT", "LATENCY_MS"), help=argparse.SUPPRESS)
+    results_io.add_tag_argument(ap)
     args = ap.parse_args()
     if args.quick:
         args.sizes, args.modes, args.horizon = [1, 4], ["inproc"], 2
@@ -106,7 +107,7 @@ def main() -> int:
     if args.serve:
         serve(int(args.serve[0]), float(args.serve[1]))
         return 0
-    load_before = os.getloadavg()
+    run = benchlib.start("env_concurrency", args)
     benchlib.register_sleep_env()
     from transformers import AutoTokenizer
 
@@ -151,9 +152,10 @@ def main() -> int:
             for n in args.sizes:
                 together = rollout(n, args.env_workers or n)
                 cpu_together = dict(cpu)
-                alone = sum(rollout(1, 1) for _ in range(n))
-                runs.append({"mode": mode, "n": n, "together_s": together, "one_by_one_s": alone,
-                             "cpu_ms_per_episode": cpu_together})
+                each = [rollout(1, 1) for _ in range(n)]
+                alone = sum(each)
+                runs.append({"mode": mode, "n": n, "workers": args.env_workers or n, "together_s": together,
+                             "one_by_one_s": alone, "each_alone_s": each, "cpu_ms_per_episode": cpu_together})
                 rows.append(Row(f"{mode} N={n} speed-up", alone / together, n, target=(">=", 0.8),
                                 unit="x vs ideal N"))
                 print(f"[{mode} N={n}] together {together:.2f}s, one by one {alone:.2f}s; CPU per episode "
@@ -164,7 +166,7 @@ def main() -> int:
                 together = rollout(n, default_workers)
                 alone = next(r["one_by_one_s"] for r in runs if r["mode"] == mode and r["n"] == n)
                 runs.append({"mode": mode, "n": n, "workers": default_workers, "together_s": together,
-                             "one_by_one_s": alone})
+                             "one_by_one_s": alone, "cpu_ms_per_episode": dict(cpu)})
                 rows.append(Row(f"{mode} N={n}, env_workers={default_workers} (config default)", alone / together, n,
                                 target=(">=", 0.8), unit="x vs ideal N"))
         finally:
@@ -173,7 +175,7 @@ def main() -> int:
                 server.wait(timeout=30)
     benchlib.print_table(rows, f"env_concurrency: L = {args.latency_ms:g} ms per step, horizon {args.horizon}, "
                                "scripted engine")
-    benchlib.write_results("env_concurrency", rows, args, {"runs": runs}, load_before)
+    benchlib.write_results(run, rows, runs)
     return 0
 
 

@@ -11,7 +11,8 @@ reply. Both sides decode the same ``--steps`` tokens for ``--rows`` rows after a
 ``--context`` positions (random keys/values: the cost does not depend on them), alternated,
 best of ``--reps``; the logits of the last step must be equal (they are bit-identical: the
 attention reads the same numbers). Ratio = DynamicLayer ms per step / ReservedLayer ms per step
-(>1: ours is faster). No target in the issue: a figure.
+(>1: ours is faster). No target in the issue: a figure. Every rep's ms per step goes into
+``bench/results/kv_cache_decode-<tag>.json`` (``results_io``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=24, help="decode steps (a reply's tokens)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: see bench/README.md)")
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/kv_cache_decode-<tag>.json "
+                    "(default: the UTC time)")
     return ap.parse_args()
 
 
@@ -47,12 +50,12 @@ def main() -> int:
     from benchlib import Row
 
     torch.set_num_threads(ARGS.threads)
-    load_before = os.getloadavg()
+    run = benchlib.start("kv_cache_decode", ARGS)
     model = AutoModelForCausalLM.from_pretrained(resolve_model(ARGS.model), dtype=torch.float32).eval()
     cfg = model.config
     heads, head_dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     n, steps = ARGS.rows, ARGS.steps
-    rows, per_ctx = [], {}
+    rows, per_ctx, repeats = [], {}, []
     for ctx in ARGS.contexts:
         g = torch.Generator().manual_seed(ctx)
         kv = [(torch.randn(n, heads, ctx, head_dim, generator=g), torch.randn(n, heads, ctx, head_dim, generator=g))
@@ -82,10 +85,11 @@ def main() -> int:
 
         best = {"dynamic": float("inf"), "reserved": float("inf")}
         last = {}
-        for _ in range(ARGS.reps):
+        for rep in range(ARGS.reps):
             for kind in best:
                 ms, last[kind] = decode(kind)
                 best[kind] = min(best[kind], ms)
+                repeats.append({"context": ctx, "rep": rep, "cache": kind, "ms_per_step": ms})
         same = bool(torch.equal(last["dynamic"], last["reserved"]))
         print(f"[context {ctx}] DynamicLayer {best['dynamic']:.1f} ms/step, ReservedLayer "
               f"{best['reserved']:.1f} ms/step, last logits identical={same}", flush=True)
@@ -97,7 +101,7 @@ def main() -> int:
                         best["dynamic"], ratio=best["dynamic"] / best["reserved"], unit="ms"))
     benchlib.print_table(rows, f"kv_cache_decode: {ARGS.model}, {n} rows, {steps} decode steps, "
                                f"{ARGS.threads} thread(s), fp32 (ours = ReservedLayer ms/step)")
-    benchlib.write_results("kv_cache_decode", rows, ARGS, {"ms_per_step": per_ctx}, load_before)
+    benchlib.write_results(run, rows, repeats, {"best_ms_per_step": per_ctx})
     return 0
 
 

@@ -63,8 +63,10 @@ def _parse() -> argparse.Namespace:
                     help="a config override after the bench's own, as `agentgym train --set` (repeatable), "
                     "e.g. rollout.engine=vllm (run from .venv-vllm)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine a "
-                    "second OpenMP thread spin-waits on a busy core, up to 50x slower; see bench/README.md)")
+                    "second OpenMP thread spin-waits on a busy core, many times slower; see bench/README.md)")
     ap.add_argument("--quick", action="store_true", help="keyword env, 2 stages x 2 iterations (smoke)")
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/pipeline_overhead-<tag>.json "
+                    "(default: the UTC time; --quick: smoke)")
     return ap.parse_args()
 
 
@@ -90,7 +92,7 @@ def main() -> int:
     from benchlib import Row
 
     torch.set_num_threads(ARGS.threads)
-    load_before = os.getloadavg()
+    run = benchlib.start("pipeline_overhead", ARGS)
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     it = ARGS.iterations
     sets = [f"model.name_or_path={ARGS.model}", "sft.enabled=false", "heldout.enabled=false",
@@ -138,10 +140,10 @@ def main() -> int:
     print(f"{'mean iteration wall':<40} {wall_s / max(1, len(measured)):>8.2f}")
     rows = [Row("overhead share of iteration wall", overhead, wall_s, target=("<=", 0.05), unit="s")]
     benchlib.print_table(rows, "overhead = wall - generation - forward/backward/step")
-    benchlib.write_results("pipeline_overhead", rows, ARGS,
-                           {"parts_s": parts, "wall_s": wall_s, "per_iteration_wall_s": wall,
-                            "flow_total_s": total_s, "overrides": sets,
-                            "metrics": {k: v for k, v in values.items()}}, load_before)
+    repeats = [{"step": s, "measured": s in wall, "wall_s": wall.get(s), **{k: v.get(s) for k, v in values.items()}}
+               for s in steps]  # every iteration, the first (not measured) too
+    benchlib.write_results(run, rows, repeats, {"parts_s": parts, "wall_s": wall_s, "flow_total_s": total_s,
+                                                "overrides": sets})
     return 0
 
 

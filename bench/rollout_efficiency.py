@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import benchlib
+import results_io
 from benchlib import Row
 
 
@@ -50,6 +51,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the tiny model gains nothing from a second thread, and on a shared 2-core machine a second OpenMP thread waits on a busy core)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quick", action="store_true", help="zero env, horizon 3, 4 episodes (smoke)")
+    results_io.add_tag_argument(ap)
     args = ap.parse_args()
     if args.quick:
         args.envs, args.horizons, args.episodes, args.models, args.engines, args.reps = "zero", [3], 4, "tiny", "hf", 1
@@ -175,7 +177,8 @@ def one(engine: Any, tok: Any, env: str, horizon: int) -> dict[str, Any]:
     # warm-up: a short rollout (thread pool, env imports, first forward)
     run_episodes(Recorder(engine), fmt, specs[:2], RolloutSettings(horizon=2, max_new_tokens=4, seed=0), bench_make_env)
     best: dict[str, dict[str, Any]] = {}
-    for _ in range(ARGS.reps):
+    rounds: list[dict[str, Any]] = []
+    for rnd in range(ARGS.reps):
         rec = Recorder(engine)
         box: dict[str, Any] = {}
 
@@ -200,16 +203,17 @@ def one(engine: Any, tok: Any, env: str, horizon: int) -> dict[str, Any]:
 
         for name, fn in (("rollout", rollout), ("replay", replay), ("flat", flat)):
             got = _side(engine, fn)
+            rounds.append({"round": rnd, "side": name, **got})
             if name not in best or got["s"] < best[name]["s"]:
                 best[name] = got
         eps = box["eps"]
         assert not any(e.infra_error for e in eps), [e.error for e in eps if e.infra_error]
     return {"env": env, "horizon": horizon, "episodes": len(specs), "calls": len(rec.calls),
-            "turns": sum(e.num_turns for e in eps), **best}
+            "turns": sum(e.num_turns for e in eps), **best, "rounds": rounds}
 
 
 def main() -> int:
-    load_before = os.getloadavg()
+    run = benchlib.start("rollout_efficiency", ARGS)
     engines = [e.strip() for e in ARGS.engines.split(",") if e.strip()]
     if "vllm" in engines:
         try:
@@ -242,7 +246,10 @@ def main() -> int:
             engine.close()
     benchlib.print_table(rows, f"rollout_efficiency: {ARGS.episodes} episodes, {ARGS.new_tokens} new tokens/reply, "
                                f"{ARGS.threads} thread(s), {ARGS.dtype}")
-    benchlib.write_results("rollout_efficiency", rows, ARGS, {"runs": results}, load_before)
+    repeats = [{"engine": r["engine"], "model": r["model"], "env": r["env"], "horizon": r["horizon"], **x}
+               for r in results for x in r["rounds"]]
+    benchlib.write_results(run, rows, repeats, {"best": [{k: v for k, v in r.items() if k != "rounds"}
+                                                         for r in results]})
     return 0
 
 

@@ -18,7 +18,8 @@ Two paths, each size in a fresh child process (``ru_maxrss`` is per process):
   ``write_episodes`` of the whole list.
 
 Reported: RSS before the rollout (imports, tokenizer, one BabyAI level warmed up), the peak
-during it, the rollout's own share (peak - before) and the ratios 2,000 / 200.
+during it, the rollout's own share (peak - before) and the ratios 2,000 / 200; every child's
+figures go into ``bench/results/rollout_memory-<tag>.json`` (``results_io``).
 """
 
 from __future__ import annotations
@@ -128,10 +129,15 @@ def main() -> None:
     ap.add_argument("--horizon", type=int, default=4)
     ap.add_argument("--modes", nargs="+", default=["stream", "hold"])
     ap.add_argument("--child", nargs=2, metavar=("N", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/rollout_memory-<tag>.json "
+                    "(default: the UTC time)")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(int(args.child[0]), args.child[1], args.horizon)))
         return
+    import results_io  # bench/, the script's folder, is on sys.path
+
+    run = results_io.Run("rollout_memory", args)
     res: dict[tuple[str, int], dict] = {}
     for mode in args.modes:
         for n in args.sizes:
@@ -149,6 +155,7 @@ def main() -> None:
             print(f"{mode:<7} {n:>8} {r['turns']:>7} {r['tokens']:>9} {r['files']:>5} "
                   f"{r['seconds']:>6.1f} {r['rss_before_mb']:>10.0f} {r['peak_mb']:>7.0f} "
                   f"{r['peak_mb'] - r['rss_before_mb']:>22.0f}")
+    ratios = []
     for big in args.sizes[1:]:
         print(f"\nratios {big} / {small} episodes:")
         for mode in args.modes:
@@ -156,6 +163,10 @@ def main() -> None:
             own_a, own_b = a["peak_mb"] - a["rss_before_mb"], b["peak_mb"] - b["rss_before_mb"]
             print(f"  {mode:<7} peak RSS x{b['peak_mb'] / a['peak_mb']:.2f}   "
                   f"rollout's own x{own_b / own_a:.2f}   (episodes x{big / small:.0f})")
+            ratios.append({"mode": mode, "episodes": [small, big], "peak_ratio": b["peak_mb"] / a["peak_mb"],
+                           "own_ratio": own_b / own_a})
+    out = run.write(list(res.values()), {"ratios": ratios})
+    print(f"results: {out}")
 
 
 if __name__ == "__main__":

@@ -48,23 +48,23 @@ The run waits (``--max-load``, ``--load-waits``) for the 1-minute load average t
 other jobs used during its measured iterations (``foreign_cores``: the machine's busy CPU
 seconds minus this process tree's, the Ray node included, per wall second); a cell above
 ``--foreign-max`` cores is marked ``*`` in the table. Results go to
-``bench/results/rollout_scaling.json`` (``-smollm2`` for that model), which is committed.
+``bench/results/rollout_scaling.json`` (``-smollm2`` for that model; ``results_io``: config, commit,
+machine, load, every rep of every cell and every sync as ``repeats``), which is committed.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import benchlib
+import results_io
 
 benchlib.set_preimport_env(1)
 
@@ -89,7 +89,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--foreign-max", type=float, default=0.25,
                     help="a cell during which other processes kept more cores than this busy on average "
                          "is marked '*' (beside other jobs)")
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/rollout_scaling[-MODEL].json)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/rollout_scaling[-TAG].json)")
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/rollout_scaling-<tag>.json "
+                    "(default: none for the tiny model, the model's name otherwise)")
     return ap.parse_args()
 
 
@@ -273,7 +275,8 @@ def main() -> int:
 
     model_path = resolve_model(args.model)  # built / prepared before any timing
     load_gate = _wait_for_load(args)
-    load_before = os.getloadavg()
+    run = results_io.Run("rollout_scaling", args)
+    load_before = run.load_start
     t_all = time.perf_counter()
     cells: list[dict[str, Any]] = []
     syncs: dict[int, dict[str, Any]] = {}
@@ -351,16 +354,16 @@ def main() -> int:
     workloads = sorted({(r["episodes"], r["env_steps"], r["generated_tokens"]) for c in cells for r in c["reps"]})
     if len(workloads) > 1:
         print(f"warning: the cells did not all play the same episodes (episodes, env steps, tokens): {workloads}")
-    rec = {"bench": "rollout_scaling", "utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
-           "args": vars(args), "model_path": str(model_path), "weights_mib": weights_mb, "total_s": total_s,
-           "loadavg_before": load_before, "load_gate": load_gate, "env": benchlib.environment(),
-           "ray_version": __import__("ray").__version__, "starts": starts, "workloads": workloads, "cells": cells,
-           "sync": {str(k): v for k, v in syncs.items()}}
-    out = Path(args.out) if args.out else benchlib.RESULTS / (
-        "rollout_scaling.json" if args.model == "tiny" else f"rollout_scaling-{args.model}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1, default=str))
-    la = rec["env"]["loadavg"]
+    repeats = ([{"kind": "cell", "workers": c["workers"], "inproc": c["inproc"], "delay_ms": c["delay_ms"], "rep": i,
+                 **r} for c in cells for i, r in enumerate(c["reps"])]
+               + [{"kind": "sync", "workers": n, "rep": i, **r} for n, s in syncs.items() for i, r in enumerate(s["runs"])])
+    results = {"cells": [{k: v for k, v in c.items() if k != "reps"} for c in cells],
+               "sync": {str(n): {k: v for k, v in s.items() if k != "runs"} for n, s in syncs.items()},
+               "workloads": workloads, "starts": starts}
+    out = run.write(repeats, results, tag=args.tag or ("" if args.model == "tiny" else args.model),
+                    out=args.out, extra={"model_path": str(model_path), "weights_mib": weights_mb, "total_s": total_s,
+                                         "load_gate": load_gate, "ray_version": __import__("ray").__version__})
+    la = os.getloadavg()
     print(f"\nload average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} (before: "
           f"{' '.join(f'{x:.2f}' for x in load_before)}); {total_s / 60:.1f} min; results: {out}")
     return 0

@@ -9,7 +9,8 @@ that never ends early (bench/rollout_efficiency.py's ``zero`` env: the same ``--
 observation every turn), so every episode runs exactly H turns, then one GRPO update
 (``PolicyTrainer.train_on_batch``: ppo_epochs 1, one mini-batch, micro-batch 4, fp32) on those
 episodes (advantages +-1). ScalingInter-RL trains at short horizons first: the curves show what
-each turn of horizon costs. Writes ``bench/results/scaling_curves-<stamp>.{json,png}``.
+each turn of horizon costs. Writes ``bench/results/scaling_curves-<tag>.json`` (every point; committed)
+and ``.png`` beside it (git-ignored; bench/scaling_curves.png is the committed plot).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--obs-words", type=int, default=60)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: see bench/README.md)")
     ap.add_argument("--quick", action="store_true", help="batch 2, horizons 1 2 (smoke)")
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/scaling_curves-<tag>.json "
+                    "(default: the UTC time; --quick: smoke)")
     args = ap.parse_args()
     if args.quick:
         args.batches, args.horizons = [2], [1, 2]
@@ -68,7 +71,7 @@ def main() -> int:
         def step(self, action_text):
             return StepResult(obs, 0.0, False)
 
-    load_before = os.getloadavg()
+    run = benchlib.start("scaling_curves", ARGS)
     path = tiny_model_path()
     engine, tok = create_engine("hf", path, "float32")
     fmt = ChatFormatter(tok)
@@ -113,10 +116,10 @@ def main() -> int:
             rows.append(Row(f"B={b} update H{hi['horizon']}/H{lo['horizon']}", hi["update_s"], lo["update_s"],
                             unit=f"s; turns x{hi['horizon'] / lo['horizon']:g}"))
     benchlib.print_table(rows, "long vs short horizon (ratio = time ratio; no target: a figure)")
-    out = benchlib.write_results("scaling_curves", rows, ARGS, {"points": points}, load_before)
+    out = benchlib.write_results(run, rows, points)
     png = out.with_suffix(".png")
     _plot(points, png)
-    print(f"plot: {png.relative_to(benchlib.ROOT)}")
+    print(f"plot: {png}")
     return 0
 
 

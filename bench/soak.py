@@ -14,7 +14,7 @@ export to a temporary folder logged to MLflow as a checkpoint, as ``save_checkpo
 Sampled after every iteration: RSS, open file descriptors, threads (the OS's count, torch's and
 SQLite's included), child processes, and files under a TMPDIR of the soak's own (so nothing else's
 temp files count). Prints a table (every ``--every`` iterations) and a summary, and writes every
-sample to ``bench/results/soak-<time>.json`` (git-ignored).
+sample to ``bench/results/soak-<tag>.json`` (``results_io``: config, commit, machine, load; committed).
 
 Leaks show as growth after a warm-up: the first iterations build caches (allocator arenas,
 tokenizer, DeepSpeed buffers, SQLAlchemy pools); the summary compares the second half with the
@@ -175,8 +175,13 @@ def main() -> None:
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--every", type=int, default=10, help="print a table row every N iterations")
     ap.add_argument("--model-cache", default="~/.cache/agentgym/models")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--out", default=None, help="folder for the record (default bench/results/)")
+    ap.add_argument("--tag", default="", help="the record's name: soak-<tag>.json (default: the UTC time)")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    import results_io
+
+    run = results_io.Run("soak", args)
 
     import torch
 
@@ -194,10 +199,9 @@ def main() -> None:
                        keep_tied_groups=args.keep_tied_groups)
     result = summary(samples)
     print(json.dumps(result, indent=2))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"summary": result, "samples": samples, "args": vars(args)}, indent=2))
+    tag = results_io.default_tag(args)
+    path = run.write(samples, result, tag=tag,
+                     out=Path(args.out) / f"soak-{tag}.json" if args.out else None)
     print(f"wrote {path}")
 
 

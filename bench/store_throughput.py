@@ -25,7 +25,8 @@ And the raw pyarrow baselines on the same rows and the same filesystem (``store.
 * raw read  — ``pq.read_table`` of the store's committed files (the same bytes), both tables,
   no manifest, no sha256, no stage/iteration columns.
 
-Writes run once; reads ``--reps`` times each, ours and raw alternated, the best of each.
+Writes run once; reads ``--reps`` times each, ours and raw alternated, the best of each (every
+read's seconds are in the record, ``bench/results/store_throughput-<tag>.json``).
 
 Ratio = raw seconds / our seconds (ours / raw throughput).
 
@@ -35,7 +36,6 @@ Rows are episodes + turns rows; MB are the Parquet bytes on storage (zstd), MiB/
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import benchlib
+import results_io
 from benchlib import Row
 
 
@@ -91,16 +92,18 @@ def bench_backend(name: str, root: str, opts: dict, episodes: list, chunk: int, 
     # raw pyarrow at its best: its own local filesystem on disk (through fsspec a local read is
     # several times slower), the store's fsspec filesystem for S3
     raw_fs = None if "://" not in store.root else store.fs
-    read_s = raw_read_s = float("inf")
+    reads: list[float] = []
+    raw_reads: list[float] = []
     for _ in range(reps):  # ours and raw alternated, best of each: a load change hits both
         t0 = time.perf_counter()
         got = store.read_arrow("episodes").num_rows + store.read_arrow("turns").num_rows
-        read_s = min(read_s, time.perf_counter() - t0)
+        reads.append(time.perf_counter() - t0)
         assert got == rows, (got, rows)
         t0 = time.perf_counter()
         got = sum(pq.read_table(f, filesystem=raw_fs).num_rows for f in files)
-        raw_read_s = min(raw_read_s, time.perf_counter() - t0)
+        raw_reads.append(time.perf_counter() - t0)
         assert got == rows, (got, rows)
+    read_s, raw_read_s = min(reads), min(raw_reads)
 
     t0 = time.perf_counter()
     raw = sum(len(pd.read_parquet(store.path(t), storage_options=opts or None))
@@ -113,7 +116,9 @@ def bench_backend(name: str, root: str, opts: dict, episodes: list, chunk: int, 
     raw_write_files = raw_write(store.fs, raw_dir, episodes, chunk, store.run_id)
     raw_write_s = time.perf_counter() - t0
 
-    return [{"backend": name, "op": op, "rows": rows, "mb": nbytes / 2**20, "s": s}
+    every = {"write": [write_s], "read": reads, "pandas": [pandas_s], "raw write": [raw_write_s],
+             "raw read": raw_reads}
+    return [{"backend": name, "op": op, "rows": rows, "mb": nbytes / 2**20, "s": s, "every_s": every[op]}
             for op, s in (("write", write_s), ("read", read_s), ("pandas", pandas_s),
                           ("raw write", raw_write_s), ("raw read", raw_read_s))] + [
         {"backend": name, "op": "raw files", "files": raw_write_files, "read_files": len(files)}]
@@ -121,7 +126,9 @@ def bench_backend(name: str, root: str, opts: dict, episodes: list, chunk: int, 
 
 def raw_write(fs, root: str, episodes: list, chunk: int, run_id: str) -> int:
     """The raw pyarrow write of ``episodes``: per chunk, both tables from Python lists with the
-    store's physical schemas, ``pq.write_table`` (zstd) straight to ``root`` on ``fs``."""
+    store's physical schemas, ``pq.write_table`` (zstd) straight to ``root`` on ``fs``. The
+    columns are the ones ``TrajectoryStore`` writes (``_tables``): when the schema gains one,
+    add it here too (the check below names it)."""
     import datetime as dt
 
     from agentgym.store.schema import physical_schema
@@ -141,7 +148,8 @@ def raw_write(fs, root: str, episodes: list, chunk: int, run_id: str) -> int:
                    "success": [e.success for e in eps], "infra_error": [e.infra_error for e in eps],
                    "error": [e.error for e in eps], "policy_version": [0] * n, "created_at": [now] * n,
                    "input_ids": [e.input_ids for e in eps], "loss_mask": [e.loss_mask for e in eps],
-                   "old_logprobs": [e.old_logprobs for e in eps]}
+                   "old_logprobs": [e.old_logprobs for e in eps],
+                   "context_starts": [e.context_starts for e in eps]}
         tr = [(e, t) for e in eps for t in e.turns]
         tu_cols = {"run_id": [run_id] * len(tr), "episode_id": [e.episode_id for e, _ in tr],
                    "env": [e.env for e, _ in tr], "task_id": [e.task_id for e, _ in tr],
@@ -151,9 +159,15 @@ def raw_write(fs, root: str, episodes: list, chunk: int, run_id: str) -> int:
                    "terminated": [t.terminated for _, t in tr], "truncated": [t.truncated for _, t in tr],
                    "format_error": [t.format_error for _, t in tr], "gen_tokens": [t.gen_tokens for _, t in tr],
                    "env_latency_ms": [t.env_latency_ms for _, t in tr],
-                   "invalid_action": [t.invalid_action for _, t in tr]}
+                   "invalid_action": [t.invalid_action for _, t in tr],
+                   "state_key": [t.state_key for _, t in tr], "success": [e.success for e, _ in tr],
+                   "horizon": [e.horizon for e, _ in tr]}
         for table, cols in (("episodes", ep_cols), ("turns", tu_cols)):
-            data = pa.Table.from_pydict(cols, schema=physical_schema(table))
+            schema = physical_schema(table)
+            if set(cols) != set(schema.names):  # the schema gained (or lost) a column: say which
+                raise KeyError(f"raw_write's {table} columns differ from the store's schema: missing "
+                               f"{sorted(set(schema.names) - set(cols))}, extra {sorted(set(cols) - set(schema.names))}")
+            data = pa.Table.from_pydict(cols, schema=schema)
             if "://" not in root:  # local disk: pyarrow's own filesystem
                 pq.write_table(data, f"{root}/{table}-{c}.parquet", compression="zstd")
             else:
@@ -170,10 +184,11 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["local", "s3"])
     ap.add_argument("--reps", type=int, default=3, help="reads of each side, alternated; the best counts")
     ap.add_argument("--quick", action="store_true", help="200 episodes, local only (smoke)")
+    results_io.add_tag_argument(ap)
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.backends = 200, ["local"]
-    load_before = os.getloadavg()
+    run = benchlib.start("store_throughput", args)
     from agentgym.config import StoreConfig
 
     chunk = StoreConfig().chunk_episodes
@@ -210,7 +225,7 @@ def main() -> None:
             rows.append(Row(f"{backend} {op}", ours["rows"] / ours["s"], raw["rows"] / raw["s"],
                             target=(">=", 0.8), unit="rows/s"))
     benchlib.print_table(rows, f"ours vs raw pyarrow ({n_turns} turns)")
-    benchlib.write_results("store_throughput", rows, args, {"runs": results}, load_before)
+    benchlib.write_results(run, rows, results, {"chunk_episodes": chunk, "turn_rows": n_turns})
 
 
 if __name__ == "__main__":

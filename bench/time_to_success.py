@@ -65,8 +65,9 @@ it for both (ours loads its training policy there too; TRL's model was loaded fo
 The process wall time of each arm (everything, evaluations included) is reported beside it.
 
 Prints the held-out curve of every arm and ``metric | ours | baseline | ratio | target | met``;
-writes ``bench/results/time_to_success-<UTC>.json`` (curves, rows, the TRL arms' training logs
-and findings) and each arm's log next to it. TRL's venv is ``bench/.venv-trl``
+writes ``bench/results/time_to_success-<tag or UTC>-s<seed>[-smoke].json`` (``results_io``: config,
+commit, machine, load; every held-out point of every arm as ``repeats``; curves, rows, the TRL arms'
+training logs and findings) and each arm's log in a folder next to it (git-ignored). TRL's venv is ``bench/.venv-trl``
 (``update_throughput.ensure_trl_venv``), plus this venv's minigrid and gymnasium versions.
 """
 
@@ -170,7 +171,7 @@ def tracking_uri() -> str:
 
 def thread_env(threads: int) -> dict[str, str]:
     """The children's environment: ``threads`` OpenMP threads that sleep when idle (a spinning
-    thread at nice 19 on a shared core is up to 50x slower, bench/README.md)."""
+    thread at nice 19 on a shared core is many times slower, bench/README.md)."""
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "AGENTGYM_THREADS": str(threads),
             "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -828,7 +829,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="2 iterations (h2, h5) of 2 tasks x 4 without redraws, "
                     "4 held-out tasks")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tag", default="", help="part of ours' run id: a new run instead of reusing a finished one")
+    ap.add_argument("--tag", default="", help="part of ours' run id: a new run instead of reusing a finished one; "
+                    "also the record's name, bench/results/time_to_success-<tag>.json (default: the UTC time)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per arm (1: shared machine)")
     ap.add_argument("--trl-save-every", type=int, default=3,
                     help="a TRL arm checkpoints every this many iterations (re-running resumes from the last)")
@@ -849,7 +851,7 @@ def main() -> int:
         return 0
     import benchlib
 
-    load_before = os.getloadavg()
+    run = benchlib.start("time_to_success", args)
     cfg = read_config()
     budget = make_budget(cfg, args.smoke)
     logs = benchlib.RESULTS / f"time_to_success-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
@@ -866,9 +868,11 @@ def main() -> int:
         benchlib.print_table(rows, title)
     for n in notes:
         print(f"  - {n}")
-    benchlib.write_results("time_to_success", rows, args, {
+    # time_to_success-<tag or UTC time>-s<seed>[-smoke].json (a smoke record is git-ignored)
+    tag = f"{args.tag or f'{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}'}-s{args.seed}" + ("-smoke" if args.smoke else "")
+    benchlib.write_results(run, rows, [{"arm": a.arm, **asdict(p)} for a in arms for p in a.points], {
         "smoke": args.smoke, "budget": asdict(budget), "notes": notes, "logs": str(logs.relative_to(ROOT)),
-        "arms": [{**asdict(a), "final": asdict(a.final)} for a in arms]}, load_before)
+        "arms": [{**asdict(a), "final": asdict(a.final)} for a in arms]}, tag=tag)
     return 0
 
 

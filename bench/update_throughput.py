@@ -66,12 +66,14 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine a "
-                    "second OpenMP thread spin-waits on a busy core, up to 50x slower; see bench/README.md)")
+                    "second OpenMP thread spin-waits on a busy core, many times slower; see bench/README.md)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL (no venv created)")
     ap.add_argument("--torch-index", default="", help="extra pip index for the CPU torch when creating "
                     "bench/.venv-trl, e.g. https://download.pytorch.org/whl/cpu (default: pip's own config)")
     ap.add_argument("--quick", action="store_true", help="4 rows x (32 + 32), 1 rep, no TRL (smoke)")
     ap.add_argument("--trl-child", metavar="BATCH_FILE", help=argparse.SUPPRESS)
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/update_throughput-<tag>.json "
+                    "(default: the UTC time; --quick: smoke)")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.prompt, args.completion, args.micro, args.reps, args.no_trl = 4, 32, 32, 2, 1, True
@@ -255,7 +257,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    load_before = os.getloadavg()
+    run = benchlib.start("update_throughput", args)
     path = _model_path(args.model)
     batch = make_batch(path, args.rows, args.prompt, args.completion)
     tokens = args.rows * args.completion
@@ -287,8 +289,8 @@ def main() -> int:
     benchlib.print_table(rows, f"update_throughput: {args.model}, {args.rows} rows x ({args.prompt} + "
                                f"{args.completion}) tokens, micro-batch {args.micro}, fp32, {args.threads} thread(s), "
                                f"ZeRO-{args.zero}, best of {args.reps}")
-    benchlib.write_results("update_throughput", rows, args, {"seconds": res, "trained_tokens": tokens,
-                                                            "trl": trl_info}, load_before)
+    repeats = [{"side": side, "rep": i, "s": t, "tok_s": tokens / t} for side, ts in res.items() for i, t in enumerate(ts)]
+    benchlib.write_results(run, rows, repeats, {"best_s": best, "trained_tokens": tokens, "trl": trl_info})
     return 0
 
 

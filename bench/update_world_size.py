@@ -11,7 +11,7 @@ World size 1 runs a ``PolicyTrainer`` in this process with all cores; world size
 each rank a bundle of cores / N CPUs and as many torch threads (the same cores, split). Reported
 per world size: the best of ``--reps`` update times after one warm-up, as the caller sees them
 (``train_on_batch``: for the group that includes putting the batch into Ray's object store, the
-call to every rank and the step count read back); the full weights to this process
+call to every rank and the step count read back; every rep in ``bench/results/update_world_size-<tag>.json``, ``results_io``); the full weights to this process
 (``named_weights``); start-up (the trainer's construction; for the group also the cluster's own
 start, given apart). For the group also: an empty call's round trip to every rank (a
 ``TrainerRank.pid`` call on each, best of 20; every group call pays two: the call and the step
@@ -43,13 +43,13 @@ def _batch(vocab: int, rows: int, tokens: int, pad_id: int):
     return TrainBatch.from_rows(out, pad_id)
 
 
-def _best(fn, n: int) -> float:
+def _times(fn, n: int) -> list[float]:
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
 
 
 def main() -> None:
@@ -63,7 +63,14 @@ def main() -> None:
     ap.add_argument("--cache", default="~/.cache/agentgym/models")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads at world size 1 (0: all cores; ranks get cores / N each)")
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/update_world_size-<tag>.json "
+                    "(default: the UTC time)")
     args = ap.parse_args()
+    import results_io  # bench/, the script's folder, is on sys.path
+
+    run = results_io.Run("update_world_size", args)
+    repeats: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from transformers import AutoConfig, AutoTokenizer
 
@@ -113,20 +120,28 @@ def main() -> None:
             t0 = time.perf_counter()
             n_weights = sum(t.numel() for _, t in tr.named_weights())
             weights_s = time.perf_counter() - t0
+            repeats += [{"model": name, "world": world, "rep": i + 1, "update_s": t} for i, t in enumerate(times)]
+            cell: dict[str, Any] = {"model": name, "world": world, "threads_per_rank": threads,
+                                    "update_best_s": min(times), "weights_out_s": weights_s,
+                                    "weights_m": n_weights / 1e6, "start_s": start}
             line = (f"{name:8s} world {world} ({threads} thr/rank): update {min(times):7.2f} s "
                     f"(reps {[round(t, 2) for t in times]}); weights out {weights_s:.2f} s "
                     f"({n_weights / 1e6:.1f}M); start {start:.1f} s")
             if world > 1:
                 ranks = tr._ranks
-                empty = _best(lambda: ray.get([a.pid.remote() for a in ranks]), 20)
-                put = _best(lambda: ray.put(batch), 5)
+                empties = _times(lambda: ray.get([a.pid.remote() for a in ranks]), 20)
+                puts = _times(lambda: ray.put(batch), 5)
+                empty, put = min(empties), min(puts)
                 nodes = len(set(tr.rank_nodes.values()))
+                cell.update(empty_call_s=empties, batch_put_s=puts, nodes=nodes, cluster_start_s=cluster_s)
                 line += (f"\n{'':8s}          {world} ranks on {nodes} node(s); empty call to every rank "
                          f"{empty * 1e3:.1f} ms (x2 per group call); batch ray.put {put * 1e3:.1f} ms; "
                          f"cluster start {cluster_s:.1f} s (once, not in start)")
             print(line, flush=True)
+            summary.append(cell)
             tr.close()
             del tr
+    print(f"results: {run.write(repeats, {'per_world': summary})}")
     sys.exit(0)
 
 

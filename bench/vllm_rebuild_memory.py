@@ -13,7 +13,9 @@ the engine core runs in-process), split into anonymous memory (heap: what a leak
 file-backed pages (mapped weights, libraries), with open fds, OS threads, child processes
 (a leaked engine core would be one) and entries in /dev/shm; after the last one it
 runs ``gc.collect()`` and ``malloc_trim(0)`` and samples again, so the growth that is only
-freed-but-kept heap shows as the difference. ``--trim``: ``malloc_trim(0)`` after every update. JSON under ``bench/results/`` with ``os.getloadavg()`` beside each sample.
+freed-but-kept heap shows as the difference. ``--trim``: ``malloc_trim(0)`` after every update.
+Writes ``bench/results/vllm_rebuild_memory-<tag>.json`` (``results_io``: config, commit, machine,
+load; every sample, with ``os.getloadavg()`` beside it).
 """
 
 from __future__ import annotations
@@ -135,8 +137,13 @@ def main() -> None:
                     help="print the object types whose count grew over each update (a few seconds each)")
     ap.add_argument("--tensors", action="store_true",
                     help="also count live tensors and their MiB after every update (a few seconds each)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vllm_rebuild_memory.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/vllm_rebuild_memory-<tag>.json)")
+    ap.add_argument("--tag", default="", help="the record's name (default: the UTC time)")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    import results_io
+
+    run = results_io.Run("vllm_rebuild_memory", args)
 
     import torch
     from safetensors.torch import load_file
@@ -192,14 +199,14 @@ def main() -> None:
             print(json.dumps(end), flush=True)
         finally:
             engine.close()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "updates": args.updates, "trim_each": args.trim,
-                               "engine_trim": not args.no_engine_trim, "load_end": os.getloadavg(),
-                               "torch": torch.__version__,
-                               "samples": samples, **end}, indent=1))
-    first, last = samples[1], samples[-1]
+    first, last = samples[1] if len(samples) > 1 else samples[0], samples[-1]
     n = last["update"] - first["update"]
+    growth = {"rss_mib_per_rebuild": (last["rss_mib"] - first["rss_mib"]) / n,
+              "rss_anon_mib_per_rebuild": (last["rss_anon_mib"] - first["rss_anon_mib"]) / n} if n else {}
+    out = run.write(samples, {**end, **growth}, out=args.out,
+                    extra={"model": args.model, "updates": args.updates, "trim_each": args.trim,
+                           "engine_trim": not args.no_engine_trim})
+    print(f"results: {out}")
     if n:
         print(f"growth per rebuild (updates {first['update']}..{last['update']}): "
               f"{(last['rss_mib'] - first['rss_mib']) / n:.1f} MiB RSS, "

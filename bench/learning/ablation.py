@@ -38,6 +38,10 @@ pause of a run resumed in a later session; train reward, turns per episode, form
 invalid actions) and Markdown tables to stdout: per schedule the final held-out success per seed,
 and 95 % bootstrap intervals of each schedule's mean and of ScalingInter-RL minus each fixed
 schedule, paired on the held-out tasks (``bootstrap.py``).
+
+Each finished ``run`` also writes its own record, ``bench/results/ablation-<env>-<schedule>[_<variant>]-s<seed>.json``
+(``results_io``: the command's config, commit, machine and load; every iteration's metrics; the held-out
+points and per-task successes), whose commit, machine and load ``report`` copies into the run's entry.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bootstrap.py beside this script
+sys.path.insert(1, str(ROOT / "bench"))  # results_io.py
+import results_io  # noqa: E402
 from agentgym.evaluation.heldout_metrics import RANDOM, policy_metric  # noqa: E402
 TRACKING = "sqlite:///mlflow-ablation.db"
 #: horizon schedules with the same total iterations (``n`` is divisible by 3)
@@ -191,7 +197,55 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"warmstart --env {args.env}", file=sys.stderr)
         return 2
     sets = overrides(args.env, args.schedule, args.seed, iterations, str(folder)) + VARIANTS.get(args.variant or "", [])
-    return _train(args.env, run_id(args.env, args.schedule, args.seed, args.variant or ""), sets + list(args.set or []))
+    rid = run_id(args.env, args.schedule, args.seed, args.variant or "")
+    record = results_io.Run("ablation", {**vars(args), "iterations": iterations, "run_id": rid,
+                                         "overrides": sets + list(args.set or [])})
+    rc = _train(args.env, rid, sets + list(args.set or []))
+    if rc == 0:
+        write_run_record(record, args.env, rid)
+    return rc
+
+
+def record_path(rid: str) -> Path:
+    """A run's own record, ``bench/results/ablation-<env>-<schedule>[_<variant>]-s<seed>.json``."""
+    return results_io.record_path("ablation", rid.removeprefix("ablation-"))
+
+
+def write_run_record(record: "results_io.Run", env: str, rid: str) -> Path | None:
+    """The finished run's record (``results_io``: config, commit, machine, load at start and end of
+    this command, a resumed run's last part only): every iteration's metrics as ``repeats``, the
+    held-out points and per-task successes as results. ``report`` copies its commit, machine and
+    load into the run's entry of ``docs/results/ablation-runs/<env>.json``."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri())
+    found = [r for r in _runs(client, env)[0] if r["run_id"] == rid]
+    if not found:
+        print(f"note: no finished MLflow run {rid}: no record written", file=sys.stderr)
+        return None
+    r = found[0]
+    c = _curve(client, r["run"], r["schedule"], HORIZONS[env])
+    per_task = _final_successes(client, r["run"], r["schedule"], HORIZONS[env])
+    repeats = [{"iteration": i + 1, "env_steps": float(c["steps"][i]), "minutes": float(c["minutes"][i]),
+                "reward_mean": c["reward"][i], "turns_per_episode": c["turns"][i],
+                "format_error_rate": c["format"][i], "invalid_action_rate": c["invalid"][i]}
+               for i in range(len(c["turns"]))]
+    path = record.write(repeats, {"heldout": [{"env_steps": h[0], "minutes": h[1], "success": h[2]}
+                                              for h in c["heldout"]],
+                                  "per_task": {str(k): v for k, v in per_task.items()} if per_task else None,
+                                  "wall_min": float(c["wall"]), "mlflow_run_id": r["run"].info.run_id},
+                        tag=rid.removeprefix("ablation-"))
+    print(f"record: {path}")
+    return path
+
+
+def _provenance(rid: str) -> dict:
+    """The commit, machine and load of ``rid``'s own record (``write_run_record``), if it has one."""
+    path = record_path(rid)
+    if not path.exists():
+        return {}
+    rec = json.loads(path.read_text())
+    return {"record": path.name, "git": rec.get("git"), "machine": rec.get("machine"), "load": rec.get("load")}
 
 
 def _runs(client, env: str) -> tuple[list[dict], object | None]:
@@ -314,7 +368,8 @@ def _collect(client, env: str, horizons: tuple[int, int, int]) -> tuple[dict | N
             "date": datetime.fromtimestamp(ended / 1000, timezone.utc).strftime("%Y-%m-%d"),
             "per_task": {str(k): v for k, v in per_task.items()} if per_task else None,
             "curve": {k: [float(x) for x in v] for k, v in c.items() if k not in ("heldout", "wall")}
-            | {"heldout": [[float(x) for x in h] for h in c["heldout"]], "wall": float(c["wall"])}}
+            | {"heldout": [[float(x) for x in h] for h in c["heldout"]], "wall": float(c["wall"])},
+            **_provenance(r["run_id"])}
     return start, records, warm
 
 

@@ -11,7 +11,8 @@ no held-out evaluation), each in its own MLflow DB and trajectory store under ``
   restores the weights and restarts AdamW).
 
 It prints each run's final weights' SHA-256 and the largest absolute weight difference from the
-straight run. About 10 minutes on the 2-core machine (bench/README.md, section 10); run it alone.
+straight run, and writes them with each run's minutes to ``bench/results/resume_check-<tag>.json``
+(``results_io``). About 10 minutes on the 2-core machine (bench/README.md, section 10); run it alone.
 
     .venv/bin/python bench/learning/resume_check.py
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ablation.py, run_records.py
 
 from ablation import ROOT, config_path, warm_start_folder  # noqa: E402
+import results_io  # noqa: E402  (bench/, which ablation puts on sys.path)
 from run_records import weights_fingerprint  # noqa: E402
 
 ITERATIONS, EVERY, KILL_AFTER = 4, 2, 2
@@ -102,7 +104,10 @@ def max_difference(a: Path, b: Path) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=ROOT / "resume-check")
+    ap.add_argument("--tag", default="", help="the record's name: bench/results/resume_check-<tag>.json "
+                    "(default: the UTC time)")
     args = ap.parse_args()
+    record = results_io.Run("resume_check", args)
     warm = warm_start_folder("textcraft-warm")
     if warm is None:
         print("no finished warm start: run first\n  .venv/bin/python bench/learning/ablation.py warmstart "
@@ -115,10 +120,16 @@ def main() -> int:
     print(f"\nwarm start {weights_fingerprint(warm)}; {ITERATIONS} iterations at horizon 5, "
           f"killed after the step-{KILL_AFTER} checkpoint and resumed\n")
     print("| run | trainer state | minutes | final weights | max abs diff from straight |\n|---|---|---:|---|---:|")
+    repeats = []
     for name, (keep, kill) in arms.items():
         diff = max_difference(folders[name], folders["straight"])
-        print(f"| {name} | {'kept' if keep else 'not kept'} | {seconds[name] / 60:.1f} | "
-              f"{weights_fingerprint(folders[name])[:19]}… | {diff:.3g} |")
+        sha = weights_fingerprint(folders[name])
+        repeats.append({"run": name, "trainer_state": keep, "killed": kill, "seconds": seconds[name],
+                        "final_weights": sha, "max_abs_diff_from_straight": diff})
+        print(f"| {name} | {'kept' if keep else 'not kept'} | {seconds[name] / 60:.1f} | {sha[:19]}… | {diff:.3g} |")
+    path = record.write(repeats, {"warm_start": weights_fingerprint(warm), "iterations": ITERATIONS,
+                                  "kill_after_step": KILL_AFTER})
+    print(f"\nrecord: {path}")
     return 0
 
 
