@@ -150,9 +150,10 @@ def _print_summary(result: dict, seconds: float) -> None:
     out.print(f"trajectories:  {result['store']}")
     out.print(f"MLflow:        {result['tracking_uri']} (experiment '{result['experiment']}', "
               f"run {result['mlflow_run_id']})")
-    ui = "" if result["tracking_uri"].startswith(("http://", "https://")) else \
-        f"mlflow ui --backend-store-uri {result['tracking_uri']}, then open "
-    out.print(f"MLflow UI:     {ui}{result['mlflow_url']}")
+    if result.get("mlflow_url"):  # the run's page in MLflow's classic (training) view
+        ui = "" if str(result["tracking_uri"]).startswith(("http://", "https://")) else \
+            f"mlflow ui --backend-store-uri {result['tracking_uri']}, then open "
+        out.print(f"MLflow UI:     {ui}{result['mlflow_url']}")
     out.print(f"checkpoint:    {result['stages'][-1]['checkpoint'] if result['stages'] else '-'}")
     if result.get("learning_curve"):
         out.print(f"learning curve: {result['learning_curve']} (held-out success vs env steps and minutes of running)")

@@ -218,7 +218,7 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 def test_run_form_in_a_browser_keeps_the_config(deployed):
     """The deployment's run form in Prefect's default (v2) UI, in headless Chromium: each task-id
-    list is one text field, only trainer.lora opens on "Property is type None", and submitting the
+    list is one text field, only the None-able sections (trainer.lora, reward.judge) open on "Property is type None", and submitting the
     form unchanged creates a run whose config parses to the deployment's."""
     import shutil
 
@@ -251,7 +251,7 @@ def test_run_form_in_a_browser_keeps_the_config(deployed):
             assert time.monotonic() < deadline, driver.find_element(By.TAG_NAME, "body").text[:2000]
             time.sleep(0.5)
         text = driver.find_element(By.TAG_NAME, "body").text
-        assert text.count('Property is type "None"') == 1, text  # trainer.lora: LoRA off
+        assert text.count('Property is type "None"') == 2, text  # trainer.lora (LoRA off), reward.judge (no judge)
         values = [e.get_attribute("value") for e in driver.find_elements(By.CSS_SELECTOR, "input, textarea")]
         assert values.count("0:4") == 1, values  # envs[0].tasks: one text field, not a box per id
         before = {str(r.id) for r in _flow_runs(stack, dep.id)}
