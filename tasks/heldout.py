@@ -19,8 +19,8 @@ from agentgym.evaluation import learning_curve
 
 from agentgym.chat import ChatFormatter
 from agentgym.config import PipelineConfig
-from agentgym.evaluation.before_after import RANDOM, comparison_table, heldout_horizon, random_valid_report
-from agentgym.evaluation.heldout_metrics import FAMILY, detail_key, heldout_step
+from agentgym.evaluation.before_after import comparison_table, heldout_horizon, random_valid_report
+from agentgym.evaluation.heldout_metrics import FAMILY, RANDOM, detail_key, heldout_step
 from agentgym.evaluation.metrics import EvalReport, evaluate
 from agentgym.infra import progress
 from agentgym.registry.champion import materialize

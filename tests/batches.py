@@ -38,3 +38,18 @@ def synthetic_rows(vocab: int = 512, n: int = 8, seed: int = 0, *, returns: bool
 def synthetic_batch(vocab: int = 512, n: int = 8, seed: int = 0, **kw) -> TrainBatch:
     """:func:`synthetic_rows` padded into a ``TrainBatch`` (pad id 0)."""
     return TrainBatch.from_rows(synthetic_rows(vocab, n, seed, **kw), pad_id=0)
+
+
+def mask_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """The ``[start, end)`` spans of consecutive 1s in a loss mask: an episode's sampled replies."""
+    out, i = [], 0
+    while i < len(mask):
+        if mask[i]:
+            j = i
+            while j < len(mask) and mask[j]:
+                j += 1
+            out.append((i, j))
+            i = j
+        else:
+            i += 1
+    return out

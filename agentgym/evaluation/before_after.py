@@ -21,10 +21,7 @@ import numpy as np
 
 from agentgym.config import PipelineConfig
 from agentgym.evaluation.metrics import EvalReport, TaskResult, eval_targets, task_category
-from agentgym.evaluation.heldout_metrics import RANDOM
 from env_adapters.baselines import random_valid_action_success
-
-__all__ = ["RANDOM", "comparison_table", "heldout_horizon", "random_valid_report"]
 
 
 def heldout_horizon(cfg: PipelineConfig) -> int:

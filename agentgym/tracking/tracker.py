@@ -335,13 +335,16 @@ class Tracker:
     def run_url(self, mlflow_run_id: str) -> str:
         """The run's page in the MLflow UI: ``tracking.ui_url``, else the tracking server, else
         where ``mlflow ui`` serves by default."""
-        base = self.ui_url or (self.uri if self.uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}?{CLASSIC_VIEW}"
+        return f"{self._ui_base()}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}?{CLASSIC_VIEW}"
 
     def experiment_url(self) -> str:
         """The experiment's runs table in the MLflow UI (classic view), like :meth:`run_url`."""
+        return f"{self._ui_base()}/#/experiments/{self.experiment_id}/runs?{CLASSIC_VIEW}"
+
+    def _ui_base(self) -> str:
+        """``tracking.ui_url``, else the tracking server, else where ``mlflow ui`` serves by default."""
         base = self.ui_url or (self.uri if self.uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs?{CLASSIC_VIEW}"
+        return base.rstrip("/")
 
     def describe(self, mlflow_run_id: str, text: str) -> None:
         """The run's description (markdown) in the MLflow UI."""

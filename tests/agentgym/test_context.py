@@ -14,7 +14,8 @@ from agentgym.training.batch import TrainBatch
 from agentgym.training.policy_trainer import PolicyTrainer
 from agentgym.types import Episode
 from agentgym.batch import EpisodeBatch
-from configs import DEFAULT, parse_tiny_config  # tests/ is on sys.path
+from batches import mask_runs  # tests/ is on sys.path
+from configs import DEFAULT, parse_tiny_config
 from env_adapters import make_env
 
 SYSTEM = "Reach the goal."
@@ -72,20 +73,6 @@ def _play(engine, fmt, policy, window=2, horizon=6, max_context=4096, n=4, seed=
     return run_episodes(engine, fmt, specs, settings, make_env)
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
-    out, i = [], 0
-    while i < len(mask):
-        if mask[i]:
-            j = i
-            while j < len(mask) and mask[j]:
-                j += 1
-            out.append((i, j))
-            i = j
-        else:
-            i += 1
-    return out
-
-
 @pytest.mark.parametrize("policy", ["window", "summary"])
 def test_segments_are_the_head_and_the_last_turns(setup, policy):
     engine, fmt, _ = setup
@@ -93,7 +80,7 @@ def test_segments_are_the_head_and_the_last_turns(setup, policy):
     assert any(ep.context_starts for ep in eps)
     for ep in eps:
         ep.validate()
-        runs = _runs(ep.loss_mask)
+        runs = mask_runs(ep.loss_mask)
         # token-in/token-out: one run of sampled tokens per turn, decoding to the turn's reply
         assert len(runs) == ep.num_turns
         replies = [ep.input_ids[a:b] for a, b in runs]

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import calc_tool_env  # tests/ is on sys.path
+from batches import mask_runs
 from agentgym.chat import ChatFormatter
 from agentgym.config import AlgorithmConfig, TrainerConfig
 from agentgym.rollout.engines.hf import HFEngine
@@ -51,20 +52,6 @@ def _settings(**kw) -> RolloutSettings:
     return RolloutSettings(**{**base, **kw})
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
-    out, i = [], 0
-    while i < len(mask):
-        if mask[i]:
-            j = i
-            while j < len(mask) and mask[j]:
-                j += 1
-            out.append((i, j))
-            i = j
-        else:
-            i += 1
-    return out
-
-
 def _replay(fmt: ChatFormatter, ep, kw) -> tuple[list[int], list[int], list[int]]:
     """The episode rebuilt from its stored replies in a fresh environment: the ids the rollout
     must have appended (head, each reply as stored, each step's glue), their mask, and the
@@ -75,7 +62,7 @@ def _replay(fmt: ChatFormatter, ep, kw) -> tuple[list[int], list[int], list[int]
     ids = fmt.start(env.system_prompt(), obs, tools=env.tools())
     mask = [0] * len(ids)
     n_results = []
-    runs = _runs(ep.loss_mask)
+    runs = mask_runs(ep.loss_mask)
     assert len(runs) == ep.num_turns
     for k, (a, b) in enumerate(runs):
         reply = ep.input_ids[a:b]
