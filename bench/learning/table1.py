@@ -1,0 +1,475 @@
+"""The paper's Table 1 at this project's scale: every shipped environment config, four rows.
+
+Columns: the shipped configs ``configs/<env>.yaml`` (``COLUMNS``: babyai, textcraft, sciworld,
+deepsearch, miniwob as the stand-in for WebArena, textworld_express), and ``mixed`` scored per
+environment (its BabyAI and TextCraft held-out tasks, one column each). Rows:
+
+* ``random`` -- a uniformly random valid action each turn, 10 policy seeds (``RANDOM_SEEDS``);
+* ``base`` -- SmolLM2-135M-Instruct as the config decodes it, greedy, one episode per task;
+* ``scaling`` -- after ScalingInter-RL from the base model: the config's own stages (horizons),
+  ``ITERATIONS_PER_STAGE[env]`` iterations each (sized so one run takes <= ~40 minutes here);
+* ``long`` -- after a fixed long horizon (the config's last stage horizon) from the base model at
+  the same environment-step budget as the scaling run of the same seed (``long_iterations``).
+
+Every row is scored on the config's held-out ``eval_tasks`` (>= 32 per environment, disjoint from
+its training tasks; tests/bench/test_table1_configs.py) at the held-out horizon (``heldout.horizon``
+or the last stage's), greedy, with the same environment reset seed. Commands, one per cell; each
+resumes when re-run (the RL cells' run ids are fixed by env, schedule and seed; an evaluation cell
+is redone from scratch, its record replaced)::
+
+    .venv/bin/python bench/learning/table1.py random --env babyai        # 10 seeds
+    .venv/bin/python bench/learning/table1.py base --env babyai
+    .venv/bin/python bench/learning/table1.py probe --env babyai         # minutes per RL iteration
+    .venv/bin/python bench/learning/table1.py run --env babyai --schedule scaling --seed 0
+    .venv/bin/python bench/learning/table1.py run --env babyai --schedule long --seed 0
+    .venv/bin/python bench/learning/table1.py report                     # Markdown table
+
+The environment-step budget: the pipeline has no env-step budget of its own, so the long run's
+iterations are computed from the scaling run's committed record (``long_iterations``): its total
+environment steps divided by the environment steps per iteration of its last stage, which plays at
+the long run's horizon. The long run's record keeps both runs' steps; ``report`` prints the ratio.
+A ``run --schedule long`` before the scaling run of its seed has finished is refused.
+
+Records: every cell writes ``docs/results/table1/<cell>.json`` (``results_io``: command, commit,
+machine, load; and per environment the held-out task ids with the success -- and the episode
+reward, SciWorld's running score / 100 -- of every task under every seed). ``report`` reads only
+those files, so the table outlives the machine; intervals are ``bootstrap.mean_interval``
+(percentile bootstrap over tasks and, where a cell has several, seeds). MLflow:
+``sqlite:///mlflow-table1.db``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bootstrap.py beside this script
+sys.path.insert(1, str(ROOT / "bench"))  # results_io.py
+import results_io  # noqa: E402
+
+TRACKING = "sqlite:///mlflow-table1.db"
+RECORDS = ROOT / "docs" / "results" / "table1"
+#: the Table 1 columns: a config each (mixed is scored per environment of its own)
+COLUMNS = {"babyai": "configs/babyai.yaml", "textcraft": "configs/textcraft.yaml",
+           "sciworld": "configs/sciworld.yaml", "deepsearch": "configs/deepsearch.yaml",
+           "miniwob": "configs/miniwob.yaml", "textworld_express": "configs/textworld_express.yaml",
+           "mixed": "configs/mixed.yaml"}
+ROWS = ("random", "base", "scaling", "long")
+RL_ROWS = ("scaling", "long")
+ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-135M-Instruct",
+              "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
+RANDOM_SEEDS = 10
+#: RL iterations per stage of the config's own stages (sized from ``probe``: one run <= ~40 min
+#: here where possible; the probe's minutes per iteration at the longest horizon are an upper bound)
+ITERATIONS_PER_STAGE = {"babyai": 6, "textcraft": 4, "sciworld": 2, "deepsearch": 4, "miniwob": 8,
+                        "textworld_express": 4, "mixed": 4}
+#: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
+#: score x 100); the adapter's reward is the running score / 100, the episode keeps its last value
+SCORED = {"sciworld": 100.0}
+#: the paper's Table 1 (arXiv 2509.08755), per our column: (ScalingInter-7B, Qwen2.5-7B-Instruct)
+PAPER = {"miniwob": ("WebArena", 26.00, 9.76), "deepsearch": ("Deep Search", 38.25, 18.75),
+         "textcraft": ("TextCraft", 91.00, 42.00), "babyai": ("BabyAI", 96.67, 66.67),
+         "sciworld": ("SciWorld", 57.00, 1.50)}
+
+
+def config_path(env: str) -> Path:
+    return ROOT / COLUMNS[env]
+
+
+def tracking_uri() -> str:
+    path = Path(TRACKING.removeprefix("sqlite:///"))
+    return f"sqlite:///{path if path.is_absolute() else ROOT / path}"
+
+
+def cell_id(env: str, row: str, seed: int | None = None) -> str:
+    """The id of a cell's record and (RL rows) of its run: ``table1-<env>-<row>[-s<seed>]``."""
+    if env not in COLUMNS:
+        raise ValueError(f"unknown column {env!r}; the columns are {sorted(COLUMNS)}")
+    if row not in ROWS:
+        raise ValueError(f"unknown row {row!r}; the rows are {ROWS}")
+    if (row in RL_ROWS) != (seed is not None):
+        raise ValueError(f"row {row!r} {'needs' if row in RL_ROWS else 'takes no'} seed")
+    return f"table1-{env}-{row}" + (f"-s{seed}" if seed is not None else "")
+
+
+def record_path(cell: str) -> Path:
+    return RECORDS / f"{cell}.json"
+
+
+def load_cfg(env: str, sets: list[str] | None = None):
+    from agentgym.config import load_config
+
+    return load_config(config_path(env), list(sets or []))
+
+
+def heldout_horizon(env: str) -> int:
+    from agentgym.evaluation.before_after import heldout_horizon as h
+
+    return h(load_cfg(env))
+
+
+def stages(env: str, schedule: str, iterations: int | None = None) -> list[dict[str, int]]:
+    """The RL run's stages: ``scaling`` the config's own horizons with ``iterations`` (default
+    ``ITERATIONS_PER_STAGE[env]``) each; ``long`` one stage at the held-out horizon (the config's
+    last stage's unless it sets ``heldout.horizon``) of ``iterations`` (required)."""
+    if schedule == "scaling":
+        n = iterations or ITERATIONS_PER_STAGE[env]
+        return [{"horizon": s.horizon, "iterations": n} for s in load_cfg(env).stages]
+    if schedule == "long":
+        if not iterations:
+            raise ValueError("the long schedule's iterations come from the scaling run (long_iterations)")
+        return [{"horizon": heldout_horizon(env), "iterations": int(iterations)}]
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def long_iterations(steps_per_iteration: list[float], stage_iterations: list[int]) -> int:
+    """Iterations of the fixed long horizon that spend the scaling run's environment steps.
+
+    ``steps_per_iteration``: the scaling run's environment steps of every iteration, in order;
+    ``stage_iterations``: its stages' iteration counts (the last stage plays at the long horizon).
+    The budget is the sum; one long iteration is estimated at the mean of the last stage's
+    iterations. Returns ``round(budget / per_iteration)``, at least 1."""
+    if sum(stage_iterations) != len(steps_per_iteration):
+        raise ValueError(f"{len(steps_per_iteration)} iterations recorded, the stages have {sum(stage_iterations)}")
+    last = steps_per_iteration[-stage_iterations[-1]:]
+    per_iteration = sum(last) / len(last)
+    if per_iteration <= 0:
+        raise ValueError("the scaling run's last stage recorded no environment steps")
+    return max(1, round(sum(steps_per_iteration) / per_iteration))
+
+
+def rl_overrides(env: str, schedule: str, seed: int, iterations: int | None = None) -> list[str]:
+    """``agentgym train --set`` of one RL cell: the config as shipped, its schedule replaced,
+    held-out evaluation of the final policy only (random and base are their own cells: one random
+    seed here, no base), at the table's held-out horizon, tracked in ``TRACKING``."""
+    return [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{env}",
+            f"schedule.stages={json.dumps(stages(env, schedule, iterations))}", f"seed={seed}",
+            "heldout.enabled=true", "heldout.base=false", "heldout.every_stage=false", "heldout.random_seeds=1",
+            f"heldout.horizon={heldout_horizon(env)}", "sft.enabled=false"]
+
+
+# -- per-task results ------------------------------------------------------------------------------
+def per_env_from_report(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``EvalReport.to_dict()`` (one greedy episode per task) -> ``{env label: {"tasks": [...],
+    "success": [[...]], "reward": [[...]]}}`` with one seed row."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in report["tasks"]:
+        e = out.setdefault(t["env"], {"tasks": [], "success": [[]], "reward": [[]]})
+        e["tasks"].append(int(t["task_id"]))
+        e["success"][0].append(t["successes"] / t["n"] if t["n"] else float("nan"))
+        e["reward"][0].append(float(t["reward_mean"]))
+    return out
+
+
+def random_per_env(cfg, seeds: int = RANDOM_SEEDS) -> dict[str, dict[str, Any]]:
+    """The random valid action on every environment's eval tasks, ``seeds`` policy seeds: per
+    environment the task ids and a success and a reward row per seed."""
+    from agentgym.evaluation.before_after import heldout_horizon as hh
+    from agentgym.evaluation.metrics import eval_targets
+    from env_adapters.baselines import random_valid_action_success
+
+    horizon = hh(cfg)
+    out: dict[str, dict[str, Any]] = {}
+    for t in eval_targets(cfg):
+        e = out.setdefault(t.label, {"tasks": list(t.tasks), "success": [], "reward": []})
+        for seed in range(seeds):
+            got = random_valid_action_success(t.spec.name, t.tasks, horizon, seed=seed, env_seed=cfg.heldout.seed,
+                                              **t.spec.kwargs)
+            e["success"].append([float(got["per_task"][task]) for task in t.tasks])
+            e["reward"].append([float(got["per_task_reward"][task]) for task in t.tasks])
+            print(f"  {t.label} seed {seed}: {got['success_rate']:.3f}", flush=True)
+    return out
+
+
+def write_cell(cell: str, env: str, row: str, per_env: dict[str, Any], record: "results_io.Run",
+               extra: dict[str, Any] | None = None) -> Path:
+    """The cell's record, ``docs/results/table1/<cell>.json``."""
+    results = {"cell": cell, "env": env, "row": row, "horizon": heldout_horizon(env), "per_env": per_env,
+               **(extra or {})}
+    path = record.write([], results, tag=cell.removeprefix("table1-"), out=record_path(cell))
+    print(f"record: {path.relative_to(ROOT)}")
+    return path
+
+
+# -- commands --------------------------------------------------------------------------------------
+def cmd_random(args: argparse.Namespace) -> int:
+    cell = cell_id(args.env, "random")
+    record = results_io.Run("table1", {"cell": cell, "env": args.env, "config": COLUMNS[args.env],
+                                       "seeds": args.seeds, "set": args.set})
+    per_env = random_per_env(load_cfg(args.env, args.set), args.seeds)
+    write_cell(cell, args.env, "random", per_env, record, {"seeds": list(range(args.seeds))})
+    return 0
+
+
+def cmd_base(args: argparse.Namespace) -> int:
+    """The base model, greedy, with the config's decoding, on its eval tasks (as the pipeline's
+    ``heldout_policy`` evaluates every policy: ``agentgym.evaluation.metrics.evaluate``)."""
+    from agentgym.chat import ChatFormatter
+    from agentgym.evaluation.before_after import heldout_horizon as hh
+    from agentgym.evaluation.metrics import evaluate
+    from agentgym.registry.champion import materialize
+    from agentgym.rollout.engines import engine_for
+
+    cell = cell_id(args.env, "base")
+    cfg = load_cfg(args.env, args.set)
+    record = results_io.Run("table1", {"cell": cell, "env": args.env, "config": COLUMNS[args.env],
+                                       "model": cfg.model.name_or_path, "set": args.set})
+    path = materialize(cfg.model.name_or_path, tracking_uri(), cfg.model.cache_dir)
+    engine, tokenizer = engine_for(cfg, path)
+    t0 = time.perf_counter()
+    try:
+        report = evaluate(engine, ChatFormatter(tokenizer, cfg.rollout.response_prefix), cfg, k=1, horizon=hh(cfg),
+                          greedy=True, seed=cfg.heldout.seed,
+                          on_turn=lambda t, n: print(f"  turn {t + 1}: {n} live", flush=True))
+    finally:
+        engine.close()
+    rep = report.to_dict()
+    write_cell(cell, args.env, "base", per_env_from_report(rep), record,
+               {"seconds": time.perf_counter() - t0, "model": cfg.model.name_or_path})
+    return 0
+
+
+def _train(env: str, rid: str, sets: list[str]) -> int:
+    cmd = [str(Path(sys.executable).parent / "agentgym"), "train", "-c", str(config_path(env)), "--run-id", rid]
+    for s in sets:
+        cmd += ["--set", s]
+    print(" ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT)
+
+
+def _pipeline_run(client, rid: str):
+    for exp in client.search_experiments():
+        if not exp.name.startswith("agentgym-table1-"):
+            continue
+        found = client.search_runs([exp.experiment_id], filter_string=f"tags.`agentgym.run_id` = '{rid}' and "
+                                   "tags.`agentgym.kind` = 'pipeline'")
+        if found:
+            return found[0]
+    return None
+
+
+def run_steps(client, run) -> list[float]:
+    """Environment steps of every RL iteration of a pipeline run (episodes x turns per episode)."""
+    rid = run.info.run_id
+    eps = {m.step: m.value for m in client.get_metric_history(rid, "episodes")}
+    turns = {m.step: m.value for m in client.get_metric_history(rid, "turns_per_episode")}
+    return [eps[s] * turns[s] for s in sorted(set(eps) & set(turns))]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mlflow.tracking import MlflowClient
+
+    cell = cell_id(args.env, args.schedule, args.seed)
+    extra: dict[str, Any] = {}
+    iterations = args.iterations
+    if args.schedule == "long" and not iterations:
+        scaling = record_path(cell_id(args.env, "scaling", args.seed))
+        if not scaling.exists():
+            print(f"no finished scaling run of seed {args.seed}: its environment steps are the long run's budget; "
+                  f"run first\n  .venv/bin/python bench/learning/table1.py run --env {args.env} --schedule scaling "
+                  f"--seed {args.seed}", file=sys.stderr)
+            return 2
+        sc = json.loads(scaling.read_text())["results"]
+        iterations = long_iterations(sc["steps_per_iteration"], [s["iterations"] for s in sc["stages"]])
+        extra["budget_env_steps"] = sum(sc["steps_per_iteration"])
+    sets = rl_overrides(args.env, args.schedule, args.seed, iterations) + list(args.set or [])
+    record = results_io.Run("table1", {"cell": cell, "env": args.env, "config": COLUMNS[args.env],
+                                       "schedule": args.schedule, "seed": args.seed, "overrides": sets})
+    rc = _train(args.env, cell, sets)
+    if rc != 0:
+        return rc
+    client = MlflowClient(tracking_uri=tracking_uri())
+    run = _pipeline_run(client, cell)
+    if run is None or run.info.status != "FINISHED":
+        print(f"note: no finished MLflow run {cell}: no record written", file=sys.stderr)
+        return 1
+    sched = stages(args.env, args.schedule, iterations)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        got = client.download_artifacts(run.info.run_id, f"heldout/stage-{len(sched) - 1}.json", tmp)
+        report = json.loads(Path(got).read_text())
+    steps = run_steps(client, run)
+    write_cell(cell, args.env, args.schedule, per_env_from_report(report["greedy"]), record,
+               {**extra, "seed": args.seed, "stages": sched, "steps_per_iteration": steps, "env_steps": sum(steps),
+                "wall_min": ((run.info.end_time or 0) - run.info.start_time) / 60000,
+                "mlflow_run_id": run.info.run_id})
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Minutes per RL iteration: ``--iterations`` (default 1) iterations at the longest horizon,
+    no held-out evaluation; prints each iteration's rollout and update seconds (MLflow
+    ``rollout_seconds``, ``update_seconds``) and what it played. Its record:
+    ``docs/results/table1/probes/<env>.json``."""
+    from mlflow.tracking import MlflowClient
+
+    rid = f"table1-probe-{args.env}"
+    horizon = max(s.horizon for s in load_cfg(args.env).stages)
+    sets = [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{args.env}",
+            f'schedule.stages=[{{"horizon": {horizon}, "iterations": {args.iterations}}}]',
+            "heldout.enabled=false", "sft.enabled=false", "tracking.checkpoint_every=0"] + list(args.set or [])
+    t0 = time.perf_counter()
+    rc = _train(args.env, rid, sets)
+    wall = time.perf_counter() - t0
+    client = MlflowClient(tracking_uri=tracking_uri())
+    run = _pipeline_run(client, rid)
+    per_it = {}
+    if run is not None:
+        for key in ("rollout_seconds", "update_seconds", "episodes", "turns_per_episode",
+                    "success_rate", "reward_mean", "invalid_action_rate", "format_error_rate"):
+            per_it[key] = [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+    record = results_io.Run("table1-probe", {"env": args.env, "horizon": horizon, "iterations": args.iterations,
+                                             "overrides": sets})
+    out = record.write([], {"rc": rc, "wall_s": wall, "horizon": horizon, "per_iteration": per_it},
+                       tag=f"probe-{args.env}", out=RECORDS / "probes" / f"{args.env}.json")
+    print(json.dumps({"wall_min": wall / 60, **per_it}, indent=1))
+    print(f"record: {out.relative_to(ROOT)}")
+    return rc
+
+
+# -- report ------------------------------------------------------------------------------------------
+def load_records(folder: Path = RECORDS) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text())["results"] for p in sorted(folder.glob("table1-*.json"))]
+
+
+def columns(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The table's columns, ``(config, environment label, header)``: one per config, named after it
+    (its environment label is the adapter's, e.g. ``textworld``), and one per environment of the
+    mixed config (``mixed/<label>``)."""
+    out = []
+    for env, path in COLUMNS.items():
+        names = list(dict.fromkeys(lab for r in records if r["env"] == env for lab in r["per_env"]))
+        if env == "mixed":
+            out += [(env, n, f"mixed/{n}") for n in names] or [(env, env, f"mixed ({Path(path).name})")]
+        else:
+            out.append((env, names[0] if names else env, f"{env} ({Path(path).name})"))
+    return out
+
+
+def cell_matrix(records: list[dict[str, Any]], env: str, row: str, label: str,
+                key: str = "success") -> tuple[list[int], list[list[float]]] | None:
+    """``(tasks, rows)`` of one cell: every seed's per-task values, one row per policy seed (the
+    random row's 10 seeds, one row per RL run). Rows over other task lists are left out."""
+    mine = sorted((r for r in records if r["env"] == env and r["row"] == row and label in r["per_env"]),
+                  key=lambda r: r.get("seed", 0))
+    if not mine:
+        return None
+    tasks = mine[0]["per_env"][label]["tasks"]
+    rows = [v for r in mine if r["per_env"][label]["tasks"] == tasks for v in r["per_env"][label][key]]
+    return tasks, rows
+
+
+def cell_stats(records: list[dict[str, Any]], env: str, row: str, label: str,
+               key: str = "success", scale: float = 1.0) -> dict[str, Any] | None:
+    """Mean and 95 % bootstrap interval (``bootstrap.mean_interval``: tasks and seeds resampled)."""
+    import numpy as np
+    from bootstrap import mean_interval
+
+    got = cell_matrix(records, env, row, label, key)
+    if got is None:
+        return None
+    tasks, rows = got
+    x = np.array(rows, dtype=float) * scale
+    mean, lo, hi = mean_interval(x)
+    return {"mean": mean, "lo": lo, "hi": hi, "tasks": len(tasks), "seeds": x.shape[0]}
+
+
+def _fmt(s: dict[str, Any] | None, digits: int = 3) -> str:
+    if s is None:
+        return "—"
+    return f"{s['mean']:.{digits}f} [{s['lo']:.{digits}f}, {s['hi']:.{digits}f}]"
+
+
+def budget_rows(records: list[dict[str, Any]]) -> list[str]:
+    """Per (env, seed) with both RL runs: the scaling run's env steps, the long run's, the ratio."""
+    out = []
+    for r in records:
+        if r["row"] == "long" and r.get("budget_env_steps"):
+            out.append(f"| {r['env']} | {r['seed']} | {r['budget_env_steps']:.0f} | {r['env_steps']:.0f} | "
+                       f"{r['env_steps'] / r['budget_env_steps']:.2f} | {r['stages'][0]['iterations']} |")
+    return out
+
+
+def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | None = None) -> str:
+    """The table (rows x columns, each cell mean [95 % interval] over held-out tasks and seeds), the
+    SciWorld score row, the budget check and the paper's numbers beside."""
+    cols = columns(records)
+    lines = ["| policy | " + " | ".join(h for _, _, h in cols) + " |", "|---|" + "---|" * len(cols)]
+    for row in ROWS:
+        cells = []
+        for env, lab, _ in cols:
+            s = cell_stats(records, env, row, lab)
+            if s is None and row in RL_ROWS and commands is not None:
+                cells.append("to run")
+            else:
+                cells.append(_fmt(s) + (f" ({s['seeds']} seeds)" if s and row in RL_ROWS else ""))
+        lines.append(f"| {ROW_TITLES[row]} | " + " | ".join(cells) + " |")
+    tasks = []
+    for env, lab, _ in cols:
+        got = next((m for m in (cell_matrix(records, env, row, lab) for row in ROWS) if m), None)
+        tasks.append(str(len(got[0])) if got else "—")
+    lines.append("| held-out tasks | " + " | ".join(tasks) + " |")
+    horizons = [str(next((r["horizon"] for r in records if r["env"] == env), "—")) for env, _, _ in cols]
+    lines.append("| held-out horizon | " + " | ".join(horizons) + " |")
+    for env, scale in SCORED.items():
+        score = [f"{ROW_TITLES[row]}: {_fmt(cell_stats(records, env, row, env, 'reward', scale), 1)}"
+                 for row in ROWS if cell_stats(records, env, row, env, "reward", scale)]
+        if score:
+            lines.append(f"\n{env} score (0-100, mean final running score x 100): " + "; ".join(score) + ".")
+    budget = budget_rows(records)
+    if budget:
+        lines += ["\n| env | seed | scaling env steps (budget) | long env steps | long / scaling | long iterations |",
+                  "|---|---:|---:|---:|---:|---:|", *budget]
+    lines += ["\nThe paper's Table 1 (Qwen2.5-7B-Instruct and ScalingInter-7B, 7B parameters; ours: "
+              "SmolLM2-135M-Instruct, 135M, about 52x smaller; MiniWoB++ stands in for WebArena):\n",
+              "| | " + " | ".join(f"{PAPER[e][0]} (ours: {e})" for e in PAPER) + " |",
+              "|---|" + "---:|" * len(PAPER),
+              "| base Qwen2.5-7B-Instruct | " + " | ".join(f"{PAPER[e][2]:.2f}" for e in PAPER) + " |",
+              "| ScalingInter-7B | " + " | ".join(f"{PAPER[e][1]:.2f}" for e in PAPER) + " |"]
+    return "\n".join(lines)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    records = load_records()
+    print(report_markdown(records, commands={}))
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("random", help=f"the random valid action, {RANDOM_SEEDS} seeds")
+    r.add_argument("--env", choices=sorted(COLUMNS), required=True)
+    r.add_argument("--seeds", type=int, default=RANDOM_SEEDS)
+    r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    b = sub.add_parser("base", help="the base model, greedy")
+    b.add_argument("--env", choices=sorted(COLUMNS), required=True)
+    b.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    rr = sub.add_parser("run", help="one RL cell from the base model (resumes when re-run)")
+    rr.add_argument("--env", choices=sorted(COLUMNS), required=True)
+    rr.add_argument("--schedule", choices=RL_ROWS, required=True)
+    rr.add_argument("--seed", type=int, default=0)
+    rr.add_argument("--iterations", type=int, default=None,
+                    help="scaling: iterations per stage (default ITERATIONS_PER_STAGE); long: in all "
+                         "(default: the scaling run's env-step budget)")
+    rr.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    pr = sub.add_parser("probe", help="minutes per RL iteration at the longest horizon (no held-out)")
+    pr.add_argument("--env", choices=sorted(COLUMNS), required=True)
+    pr.add_argument("--iterations", type=int, default=1)
+    pr.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    sub.add_parser("report", help="the Markdown table from the committed records")
+    args = p.parse_args()
+    return {"random": cmd_random, "base": cmd_base, "run": cmd_run, "probe": cmd_probe,
+            "report": cmd_report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Table 1's harness (bench/learning/table1.py), its pure parts: cell ids, the RL cells' configs,
+the environment-step budget of the fixed long horizon, and the report from records."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentgym.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench" / "learning"))
+import table1  # noqa: E402
+from bootstrap import mean_interval  # noqa: E402
+
+
+def test_cell_ids_name_env_row_and_seed_and_refuse_what_is_not_a_cell():
+    ids = {table1.cell_id(e, r) for e in table1.COLUMNS for r in ("random", "base")}
+    ids |= {table1.cell_id(e, r, s) for e in table1.COLUMNS for r in table1.RL_ROWS for s in (0, 1, 2)}
+    assert len(ids) == len(table1.COLUMNS) * (2 + 2 * 3)  # every cell its own id (and record, and run)
+    assert table1.cell_id("sciworld", "long", 2) == "table1-sciworld-long-s2"
+    assert table1.record_path("table1-babyai-base").parent == table1.RECORDS
+    for bad in (("webarena", "base", None), ("babyai", "sft", None), ("babyai", "scaling", None),
+                ("babyai", "random", 0)):
+        with pytest.raises(ValueError):
+            table1.cell_id(*bad)
+
+
+def test_the_long_run_spends_the_scaling_runs_env_steps():
+    # stages of 2 iterations: the last stage (the long horizon) plays 40 steps an iteration
+    steps = [10.0, 12.0, 20.0, 22.0, 38.0, 42.0]
+    n = table1.long_iterations(steps, [2, 2, 2])
+    assert n == 4 and abs(n * 40 - sum(steps)) <= 40 / 2  # 144 steps: 3.6 iterations of 40
+    assert table1.long_iterations([5.0], [1]) == 1
+    assert table1.long_iterations([1.0, 1.0, 100.0], [2, 1]) == 1  # never zero iterations
+    with pytest.raises(ValueError):
+        table1.long_iterations([1.0, 2.0], [2, 2])  # the record and the stages disagree
+    with pytest.raises(ValueError):
+        table1.long_iterations([3.0, 0.0], [1, 1])
+
+
+@pytest.mark.parametrize("env", sorted(table1.COLUMNS))
+def test_the_rl_cells_are_the_shipped_config_with_only_the_schedule_and_tracking_changed(env):
+    shipped = load_config(table1.config_path(env))
+    scaling = load_config(table1.config_path(env), table1.rl_overrides(env, "scaling", 1))
+    long = load_config(table1.config_path(env), table1.rl_overrides(env, "long", 1, 7))
+    horizon = table1.heldout_horizon(env)
+    # scaling: the config's own horizons; long: one stage at the held-out horizon
+    assert [s.horizon for s in scaling.stages] == [s.horizon for s in shipped.stages]
+    assert {s.iterations for s in scaling.stages} == {table1.ITERATIONS_PER_STAGE[env]}
+    assert [(s.horizon, s.iterations) for s in long.stages] == [(horizon, 7)]
+    assert horizon == max(s.horizon for s in shipped.stages) or horizon == shipped.heldout.horizon
+    for cfg in (scaling, long):
+        assert cfg.seed == 1 and cfg.heldout.enabled and not cfg.heldout.base and not cfg.sft.enabled
+        assert cfg.heldout.horizon == horizon and cfg.tracking.tracking_uri == table1.TRACKING
+        # what the policy plays and learns with is the shipped config's
+        for part in ("model", "envs", "rollout", "algorithm", "trainer", "system_prompt"):
+            assert getattr(cfg, part) == getattr(shipped, part), part
+    with pytest.raises(ValueError):
+        table1.stages(env, "long")  # its iterations come from the scaling run
+
+
+def _record(env, row, per_env, **extra):
+    return {"cell": "x", "env": env, "row": row, "horizon": 10, "per_env": per_env, **extra}
+
+
+def _synthetic():
+    tasks = list(range(32))
+    succ = lambda k: [float(t < k) for t in tasks]  # noqa: E731
+    recs = [
+        _record("babyai", "random", {"babyai": {"tasks": tasks, "success": [succ(8), succ(10)],
+                                                "reward": [succ(8), succ(10)]}}),
+        _record("babyai", "base", {"babyai": {"tasks": tasks, "success": [succ(4)], "reward": [succ(4)]}}),
+        _record("babyai", "scaling", {"babyai": {"tasks": tasks, "success": [succ(20)], "reward": [succ(20)]}}, seed=0),
+        _record("babyai", "scaling", {"babyai": {"tasks": tasks, "success": [succ(24)], "reward": [succ(24)]}}, seed=1),
+        _record("babyai", "long", {"babyai": {"tasks": tasks, "success": [succ(16)], "reward": [succ(16)]}}, seed=0,
+                budget_env_steps=1000.0, env_steps=1100.0, stages=[{"horizon": 10, "iterations": 9}]),
+        _record("sciworld", "base", {"sciworld": {"tasks": tasks, "success": [succ(0)],
+                                                  "reward": [[0.25] * 32]}}),
+        _record("mixed", "random", {"babyai": {"tasks": tasks, "success": [succ(16)], "reward": [succ(16)]},
+                                    "textcraft": {"tasks": tasks, "success": [succ(8)], "reward": [succ(8)]}}),
+        # a config's column is named after the config, its records after the adapter
+        _record("textworld_express", "random", {"textworld": {"tasks": tasks, "success": [succ(12)],
+                                                              "reward": [succ(12)]}}),
+    ]
+    return recs
+
+
+def test_a_cell_is_the_mean_over_seeds_and_tasks_with_the_bootstrap_interval():
+    recs = _synthetic()
+    s = table1.cell_stats(recs, "babyai", "random", "babyai")
+    x = np.array([[float(t < 8) for t in range(32)], [float(t < 10) for t in range(32)]])
+    assert (s["mean"], s["lo"], s["hi"]) == pytest.approx(mean_interval(x)) and s["mean"] == pytest.approx(9 / 32)
+    assert s["tasks"] == 32 and s["seeds"] == 2
+    # the RL rows: one seed row per run, in seed order
+    s = table1.cell_stats(recs, "babyai", "scaling", "babyai")
+    assert s["seeds"] == 2 and s["mean"] == pytest.approx(22 / 32) and s["lo"] < s["mean"] < s["hi"]
+    assert table1.cell_stats(recs, "textcraft", "base", "textcraft") is None
+    # SciWorld's score: the reward (running score / 100) x 100
+    assert table1.cell_stats(recs, "sciworld", "base", "sciworld", "reward", 100.0)["mean"] == pytest.approx(25.0)
+
+
+def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_numbers():
+    text = table1.report_markdown(_synthetic(), commands={})
+    lines = text.splitlines()
+    header = lines[0]
+    assert "babyai (babyai.yaml)" in header and "mixed/babyai" in header and "mixed/textcraft" in header
+    assert "textworld_express (textworld_express.yaml)" in header
+    row = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in lines if ln.startswith("| ")}
+    cols = [c.strip() for c in header.split("|")[2:-1]]
+    babyai = cols.index("babyai (babyai.yaml)")
+    assert row["random valid action (10 seeds)"][babyai].startswith("0.281 [")
+    assert row["after ScalingInter-RL (from base)"][babyai].endswith("(2 seeds)")
+    assert row["after ScalingInter-RL (from base)"][cols.index("sciworld (sciworld.yaml)")] == "to run"
+    assert row["base SmolLM2-135M-Instruct"][cols.index("textcraft (textcraft.yaml)")] == "—"
+    assert row["random valid action (10 seeds)"][cols.index("mixed/textcraft")].startswith("0.250 [")
+    assert row["held-out tasks"][babyai] == "32"
+    assert row["random valid action (10 seeds)"][cols.index("textworld_express (textworld_express.yaml)")] \
+        .startswith("0.375 [")
+    assert "sciworld score (0-100, mean final running score x 100): base SmolLM2-135M-Instruct: 25.0 [25.0, 25.0]" in text
+    assert "| babyai | 0 | 1000 | 1100 | 1.10 | 9 |" in text
+    assert "96.67" in text and "66.67" in text and "135M" in text and "7B" in text and "WebArena" in text
+
+
+def test_per_task_results_come_from_the_pipelines_heldout_report():
+    report = {"tasks": [
+        {"env": "sciworld", "task_id": 29, "category": "boil", "n": 1, "successes": 0, "reward_mean": 0.35},
+        {"env": "sciworld", "task_id": 28, "category": "boil", "n": 1, "successes": 1, "reward_mean": 1.0},
+        {"env": "babyai", "task_id": 40, "category": "goto", "n": 0, "successes": 0, "reward_mean": float("nan")}]}
+    got = table1.per_env_from_report(report)
+    assert got["sciworld"] == {"tasks": [29, 28], "success": [[0.0, 1.0]], "reward": [[0.35, 1.0]]}
+    assert np.isnan(got["babyai"]["success"][0][0])  # an infra fault is not a failure
