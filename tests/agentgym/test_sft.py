@@ -99,7 +99,8 @@ def test_sft_learns_the_demonstrations(tiny_path, model_cache):
     assert all(math.isfinite(m["sft_loss"]) and 0 <= m["token_accuracy"] <= 1 for _, m in logged)
     assert logged[-1][1]["lr"] < logged[0][1]["lr"]  # warmup-free cosine decay
     print("held-out", before, after, "valid actions", valid_before, valid_after)
-    # measured (2026-12-01): held-out CE 6.35 -> 2.41, token accuracy 0 -> 0.88, valid 0 -> 0.41
+    # the line above prints what the bars below are read against (pytest -s); they ask for a
+    # clear gain, not for one run's figures
     assert after["sft_loss"] < 0.5 * before["sft_loss"], (before, after)
     assert after["token_accuracy"] > before["token_accuracy"] + 0.3
     assert valid_after >= valid_before + 0.25, (valid_before, valid_after)

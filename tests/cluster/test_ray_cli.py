@@ -71,7 +71,7 @@ def test_train_from_the_cli_with_two_ranks_and_two_rollout_workers(tmp_path, mod
     changed = [k for k in base if k in trained and not (trained[k].float() == base[k].float()).all()]
     assert len(changed) > len(base) // 2, f"only {changed} changed"
     # the command's embedded cluster went with it (its actors exit on their own once the driver is
-    # gone: seconds, more on a loaded machine, where a fixed 2 s wait once saw two still exiting)
+    # gone, which takes longer on a loaded machine: polled, not a fixed wait)
     deadline = time.monotonic() + 30
     while True:
         left = [p for p in _ray_processes(started) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -24,7 +24,7 @@ from serving import ServerThread
 from scripted_engine import NoCacheEngine  # tests/ is on sys.path
 
 # 180 s: the session fixture tiny_path (a tokenizer trained here) may be built inside this
-# module's first test, which took over 60 s once on the loaded machine; the tests take ~5 s
+# module's first test, which then takes far longer than the tests themselves
 pytestmark = pytest.mark.timeout(180)
 
 

@@ -1,6 +1,5 @@
 """The ``mcp`` environment (env_adapters/mcp_env.py) against the real ``mcp-server-git`` from PyPI:
-no mock server. Each reset starts a server process (about 1 s here), so the module is in the
-slow lane."""
+no mock server. Each reset starts a server process, so the module is in the slow lane."""
 
 from __future__ import annotations
 

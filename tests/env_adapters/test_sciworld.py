@@ -290,7 +290,7 @@ def test_crashed_jvm_is_infra_error_and_discarded():
 
 def test_hung_jvm_times_out_as_infra_error():
     # the timeout covers every gateway call, the JVM's start and the task load too: 2 s was
-    # too tight for those on a loaded 2-core machine; 8 s still tells a hung JVM apart
+    # too tight for those on a loaded machine; 8 s still tells a hung JVM apart
     pool = JVMPool("sciworld-timeout", lambda: ScienceWorldJVM(call_timeout_s=8.0), size=1)
     e = SciWorldEnv(pool=pool)
     try:

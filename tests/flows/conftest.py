@@ -7,7 +7,7 @@ from local_stack import LocalStack  # tests/flows is on sys.path (rootdir-less t
 
 @pytest.fixture(scope="session")
 def local_stack(tmp_path_factory, tiny_path):
-    """Started once per test session (~15-35 s) and stopped at its end; ``tiny_path`` first builds
+    """Started once per test session and stopped at its end; ``tiny_path`` first builds
     the tiny model into the shared cache, so flow runs find it instead of racing to build it."""
     stack = LocalStack(tmp_path_factory.mktemp("local-stack"))
     stack.start()

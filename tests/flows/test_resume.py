@@ -50,7 +50,7 @@ def test_sigkill_mid_stage_two_then_resume(tmp_path, model_cache):
     while not (commits / "1-1.json").exists():
         assert proc.poll() is None, proc.stdout.read()
         assert time.time() < deadline, "first run never reached stage 2"
-        time.sleep(0.02)  # a tiny-model iteration takes ~0.2 s: poll well inside one
+        time.sleep(0.02)  # poll well inside one tiny-model iteration (rollout_seconds + update_seconds)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # also for fork-server children 
 
 @pytest.fixture(scope="session")
 def _mlflow_template(tmp_path_factory) -> Path:
-    """An empty MLflow SQLite DB with its tables made: creating them takes ~10 s on the busy
-    2-core machine, copying the file a few milliseconds."""
+    """An empty MLflow SQLite DB with its tables made: creating them runs every MLflow schema
+    migration, which each test would otherwise repeat; copying the file skips them."""
     from mlflow.tracking import MlflowClient
 
     db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"

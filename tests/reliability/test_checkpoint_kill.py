@@ -3,8 +3,8 @@ resume -- ``Tracker.latest_checkpoint`` and the loader ``restore_policy`` uses (
 then ``from_pretrained``) -- picks the last complete checkpoint, never the partial one, and the
 weights it loads are that checkpoint's; a re-run then saves the interrupted checkpoint cleanly.
 
-The children are forked from a fork server that imported MLflow, torch and transformers once
-(about 9 s per fresh interpreter on the 2-core machine), so each kill costs a second or two."""
+The children are forked from a fork server that imported MLflow, torch and transformers once,
+so a kill costs the fork and the save, not a fresh interpreter's imports each time."""
 
 from __future__ import annotations
 

@@ -69,17 +69,17 @@ def _commits(store: Path) -> dict[str, bytes]:
 
 def _session_prefect_db() -> Path | None:
     """This test session's own Prefect database (tests/conftest.py's PREFECT_HOME), if the
-    session's flow tests made it: copied, it spares the CLI under test Prefect's migrations (over
-    90 s at load ~8). Run alone, the CLI migrates a fresh one."""
+    session's flow tests made it: copied, it spares the CLI under test Prefect's migrations, the
+    slowest part of its start. Run alone, the CLI migrates a fresh one."""
     from agentgym.tracking.prefect_db import prefect_database
 
     src = prefect_database()
     return src if src is not None and src.exists() else None
 
 
-@pytest.mark.slow  # two `agentgym train` processes: 133-227 s at load 4-8 (nice 19)
+@pytest.mark.slow  # two `agentgym train` processes, each starting its own Prefect server
 def test_a_full_prefect_database_fails_clearly_and_a_rerun_resumes(mlflow_dir, model_cache, tiny_path):
-    tmp = mlflow_dir  # holds a ready mlflow.db: the CLI does not spend ~10 s making its tables
+    tmp = mlflow_dir  # holds a ready mlflow.db: the CLI does not run MLflow's migrations again
     cfg = tiny_config(
         model_cache, store_root=tmp / "store", tracking_dir=tmp, run_id=RUN,
         envs=[{"name": "keyword", "tasks": [0, 1, 2, 3], "kwargs": {"target": "yes", "mode": "starts_with"}}],

@@ -61,7 +61,7 @@ def _objects(fs, prefix: str) -> list[str]:
 @pytest.mark.parametrize("refused_at", ["shard", "commit"])
 def test_a_bucket_over_its_quota_refuses_cleanly_and_a_rerun_commits(s3_server, refused_at, monkeypatch):
     bucket = s3_server["bucket"]
-    # botocore retries a 500 four times (~5 s a refused write, measured); the answer is the same
+    # botocore retries a 500 four times, with backoff, before it gives up; the answer is the same
     opts = {**s3_server["storage_options"], "config_kwargs": {"retries": {"total_max_attempts": 1}}}
     root = f"s3://{bucket}/{refused_at}"
     store = TrajectoryStore(root, RUN, storage_options=opts)

@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 import soak  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)  # a hang guard; ~35 s on a quiet 2-core machine
+pytestmark = pytest.mark.timeout(600)  # a hang guard, far above the test's own time (pytest --durations)
 
 
 def test_twenty_iterations_leak_nothing(tmp_path, model_cache, tiny_path, _mlflow_template):
