@@ -1,6 +1,6 @@
 """Simulator JVMs for the ScienceWorld and TextWorldExpress adapters: start, pool, lease, stop.
 
-Both simulators run in a JVM reached over py4j (~1-2 s to start, ~300-400 MB resident with
+Both simulators run in a JVM reached over py4j (slow to start; its heap alone may grow to
 ``-Xmx256m``). :func:`launch_jvm` starts one our way (no Python callback server, our JVM
 options, a read timeout on every call); :func:`stop_jvm` stops it and releases every handle.
 :class:`GatewayJVM` is the mixin that makes a simulator's Python class poolable (``alive``,

@@ -37,8 +37,8 @@ observation instead of the server's error. The step calls the simulator directly
 which also computes look / inventory / every valid action combination on each step (unused by
 AgentGym, and most of a step's time): same observation, score and completion.
 
-**JVM pool.** Every ScienceWorld world lives in its own JVM (py4j; ~1-2 s to start, ~300-400 MB
-resident with the default ``-Xmx256m``). A process-wide :class:`env_adapters.jvm.JVMPool` keeps
+**JVM pool.** Every ScienceWorld world lives in its own JVM (py4j; slow to start, and its heap
+alone may grow to the default ``-Xmx256m``). A process-wide :class:`env_adapters.jvm.JVMPool` keeps
 them: an adapter leases one on its first ``reset`` and keeps it across resets; ``close()`` hands
 it back (it is not killed) and the next adapter reuses it (``load`` rebuilds the world, so a
 reused JVM gives the same observations as a fresh one). At most ``size`` JVMs live at once (idle

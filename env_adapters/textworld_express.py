@@ -1,5 +1,6 @@
 """TextWorldExpress (``textworld-express``): the fastest real text environment, for smoke tests
-and benchmarks (~1 ms a step, a few ms a reset once the JVM is warm).
+and benchmarks (``tests/env_adapters/test_textworld_express.py::test_latency_budget`` prints its
+ms per reset and per step once the JVM is warm).
 
 Not part of AgentGym; the adapter follows the AgentGym conventions of its siblings:
 

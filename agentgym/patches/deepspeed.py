@@ -30,7 +30,7 @@ _no_shm_op._agentgym_patch = True  # type: ignore[attr-defined]
 
 
 def skip_shm_comm_build() -> None:
-    """Stop DeepSpeed from compiling its CPU shared-memory comm op (~90 s of C++ the first time).
+    """Stop DeepSpeed from compiling its CPU shared-memory comm op (a C++ build, the first time).
 
     ``deepspeed.comm.torch.TorchBackend.__init__`` calls the module function ``build_shm_op()``,
     which on the CPU accelerator JIT-compiles ``ShareMemCommBuilder`` in every fresh process

@@ -5,7 +5,7 @@ Why: s3fs turns the server's answer into a bare ``OSError`` that names neither t
 the setting. A SeaweedFS bucket over its quota (made read-only by ``s3.bucket.quota.enforce``)
 answers every ``PutObject`` and ``CopyObject`` with HTTP 500 ``InternalError`` "We encountered
 an internal error, please try again." (observed with SeaweedFS 4.48; botocore retries it 4
-times, ~5 s, first), which the run reported as ``OSError: [Errno 121] We encountered an internal
+times, with backoff, first), which the run reported as ``OSError: [Errno 121] We encountered an internal
 error, please try again.``; other servers answer a quota with their own codes (Ceph RGW
 ``QuotaExceeded``, MinIO ``XMinioAdminBucketQuotaExceeded``) and a denying policy with
 ``AccessDenied``. Errors without a server answer (a refused connection, a timeout) and the

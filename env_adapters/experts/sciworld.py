@@ -4,10 +4,10 @@
 (``ScienceWorldEnv.get_gold_action_sequence``, reached through ``SciWorldEnv.gold_actions()``);
 :class:`~env_adapters.experts.gold.GoldSequenceExpert` reloads the task with it when the
 environment was created without ``gold_path=True`` and drops the leading ``look around`` (the
-adapter's reset already did it). Measured: success (score 100) on all 46 tasks tried, the
-variations 1 and 2 of each of the 23 task types, in 2 (find-non-living-thing) to 93
-(measure-melting-point-unknown-substance) turns -- all under the simulator's 100-move limit, but
-boiling, melting or measuring takes 25-93 turns, so the horizon must allow the whole sequence.
+adapter's reset already did it). Tested (``tests/env_adapters/test_experts.py``): success
+(score 100) on five task types with short gold paths. Gold paths differ in length by task type
+(boiling, melting or measuring take far more turns than finding a thing), so the horizon must
+allow the whole sequence.
 """
 
 from __future__ import annotations

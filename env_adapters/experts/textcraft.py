@@ -13,9 +13,9 @@ its own, e.g. a DART noise action) and plays the plan's first command:
 3. The plan is the base items with their exact total counts (``get 3 oak log``: one command per
    item), then the crafts in bottom-up order, the goal last.
 
-Measured (``test_experts.py``): all 544 goals crafted (416 of depth 1-2, 128 of depth 3-4), no
-rejected command, within a horizon of 2 x (number of crafts) + 2 (the longest plan: 48
-commands); with 30 % random valid actions mixed in, 136 of 136 goals.
+Tested (``tests/env_adapters/test_experts.py``) over all 544 goals, within a horizon of 2 x
+(number of crafts) + 2: at least 95 % of the 416 goals of depth 1-2 and 90 % of the 128 of
+depth 3-4 are crafted; with 30 % random valid actions mixed in, at least 90 % of 136 goals.
 """
 
 from __future__ import annotations

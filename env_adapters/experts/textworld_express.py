@@ -5,10 +5,10 @@ The gold path of the coin game wanders: it often steps into a room and straight 
 (``move west``, ``move east``) before heading for the coin. Two consecutive opposite moves
 leave the player where it was and change nothing else, so they are cut (repeatedly, which also
 removes longer there-and-back detours); the leading ``look around`` is dropped as well (the
-first observation is its answer). Measured: success on every world tried -- the coin game of
-``configs/textworld_express.yaml`` (numLocations=4, includeDoors=0), task ids 0..59, in 1-3
-turns (the raw gold paths take up to 23), and task ids 0..19 of each of the 8 games with default
-params (cookingworld: 16-41 turns).
+first observation is its answer). Tested (``tests/env_adapters/test_experts.py``): the coin
+game of ``configs/textworld_express.yaml`` (numLocations=4, includeDoors=0), task ids 0..39,
+within its first stage's horizon of 4 turns (at least 90 %), and cookingworld with default
+params, task ids 0..4, within 60 turns.
 """
 
 from __future__ import annotations
