@@ -170,7 +170,7 @@ def test_reset_brings_the_system_prompt_so_the_client_asks_no_more(counter_regis
         own.close()
 
 
-@pytest.mark.timeout(180)  # a hang guard with room for 400 timed requests on a loaded machine
+@pytest.mark.timeout(180)  # a hang guard with room for a loaded machine
 def test_round_trip_matches_in_process(counter_registered, start_server):
     srv = start_server(create_app("counter"))
     actions = ["add 1", "oops not an action", "add 1", "add 5"]
