@@ -15,6 +15,20 @@ class NonFiniteTrainingError(RuntimeError):
     """``trainer.max_nonfinite_skips`` optimizer steps in a row had a non-finite loss or gradient."""
 
 
+def all_finite(t: torch.Tensor) -> torch.Tensor:
+    """Whether every element of ``t`` is finite, as a 0-d bool tensor (no device sync).
+
+    From its least and greatest elements (``torch.aminmax``: one reduction, NaN-propagating):
+    both are finite exactly when every element is. ``torch.isfinite(t).all()`` gives the same
+    answer through full-size temporaries (``abs``, two comparisons, an ``and``): on a CPU it
+    cost ~18x more per gradient, and the check runs on every trained parameter's gradient of
+    every micro-batch (bench/roofline.py's update profile, issue 44)."""
+    if t.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    lo, hi = torch.aminmax(t.detach())
+    return torch.isfinite(lo) & torch.isfinite(hi)
+
+
 class FiniteWatch:
     """Notices non-finite gradients reaching one DeepSpeed engine's trainable parameters, and
     lets that engine's next ``step()`` apply nothing (``skipping``).
@@ -52,7 +66,7 @@ class FiniteWatch:
 
     def _check(self, grad: torch.Tensor) -> None:
         # a tensor, not bool(): no device sync per parameter; read once per optimizer step
-        self._finite.append(torch.isfinite(grad).all())
+        self._finite.append(all_finite(grad))
 
     def take(self) -> bool:
         """Whether every gradient seen since the last call was finite; forgets them."""
