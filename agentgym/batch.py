@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 TOKEN_COLUMNS = ("input_ids", "loss_mask", "old_logprobs", "advantages", "returns", "old_values")
 #: every batch has these
 REQUIRED = ("episode_id", "input_ids", "loss_mask", "old_logprobs")
-#: per-row columns besides the token columns
-ROW_COLUMNS = ("episode_id", "group_id", "context_starts")
+#: per-row columns besides the token columns (``action_*``: rollout.action_logprob=renormalised's
+#: constrained replies, ``Episode.action_starts`` / ``action_candidates``; None in a row: none)
+ROW_COLUMNS = ("episode_id", "group_id", "context_starts", "action_starts", "action_candidates")
 COLUMNS = tuple(dict.fromkeys(REQUIRED + ROW_COLUMNS + TOKEN_COLUMNS))
 
 
@@ -44,7 +45,7 @@ class EpisodeBatch:
     """Columns by name, each a list with one value per row (episode); validated on construction.
 
     Optional columns (``group_id``, ``context_starts``, ``advantages``, ``returns``,
-    ``old_values``) are present for every row or absent.
+    ``old_values``, ``action_starts``, ``action_candidates``) are present for every row or absent.
     """
 
     columns: Mapping[str, list] = field(default_factory=dict)
@@ -72,12 +73,16 @@ class EpisodeBatch:
     def from_episodes(cls, episodes: Iterable[Episode]) -> EpisodeBatch:
         """The episodes' token columns, ids, groups and context segments, in the given order."""
         eps = list(episodes)
-        return cls({
+        columns: dict[str, list] = {
             "episode_id": [e.episode_id for e in eps], "group_id": [e.group_id for e in eps],
             "input_ids": [list(e.input_ids) for e in eps], "loss_mask": [list(e.loss_mask) for e in eps],
             "old_logprobs": [list(e.old_logprobs) for e in eps],
             "context_starts": [list(e.context_starts) for e in eps],
-        })
+        }
+        if any(e.action_starts is not None for e in eps):  # rollout.action_logprob=renormalised
+            columns["action_starts"] = [e.action_starts for e in eps]
+            columns["action_candidates"] = [e.action_candidates for e in eps]
+        return cls(columns)
 
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping[str, Any]]) -> EpisodeBatch:

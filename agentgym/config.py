@@ -294,6 +294,21 @@ class RolloutConfig(_Strict):
         "Applies to training rollouts and held-out evaluation alike. Costs one extra forward per "
         "turn over the candidates. Engine hf only.",
     )
+    action_logprob: Literal["policy", "renormalised"] = Field(
+        "policy",
+        description="With constrain_actions, which log-prob of a constrained reply the PPO ratio "
+        "uses. policy: the policy's own per-token log-probs of the reply, log pi(a|s), as free "
+        "sampling would report them; the ratio and its gradient leave out the normaliser log Z(s) "
+        "= log sum over the valid actions c of pi(c|s), which moves with the weights too (exact only "
+        "when a group's turns share a state). renormalised: the log-prob of the distribution the "
+        "reply was drawn from, log pi(a|s) - log Z(s), spread over the reply's tokens along the "
+        "candidates' token tree (a token all candidates through it share gets log-prob 0: ratio 1, "
+        "no gradient, never clipped); the episode stores the turn's candidates (episodes."
+        "action_candidates) and the trainer recomputes Z under the current weights, with its "
+        "gradient, by scoring the candidates in the same forward as the conversation (a token tree "
+        "per turn). Costs the candidates' distinct tokens as extra forward/backward tokens. Needs "
+        "constrain_actions.",
+    )
     max_live_episodes: int = Field(
         256, ge=1,
         description="At most this many episodes play at once; when some end, the next ones start "
@@ -351,6 +366,10 @@ class RolloutConfig(_Strict):
         if self.constrain_actions and self.engine != "hf":
             raise ValueError("rollout.constrain_actions is implemented by the hf engine only; set "
                              "rollout.engine: hf or rollout.constrain_actions: false")
+        if self.action_logprob == "renormalised" and not self.constrain_actions:
+            raise ValueError("rollout.action_logprob=renormalised renormalises each reply over the valid "
+                             "actions it was drawn among, which only rollout.constrain_actions draws from; "
+                             "set rollout.constrain_actions: true, or rollout.action_logprob: policy")
         if self.device != "auto" and self.engine != "hf":
             raise ValueError(f"rollout.device={self.device} applies to the hf engine only (rollout.engine="
                              f"{self.engine} places its own model); leave rollout.device: auto")

@@ -38,7 +38,9 @@ def split_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[t
 
     Returns the segment rows and, for each, ``(row index, start, end)`` in its source row. Token
     columns are sliced; other keys are copied; ``context_starts`` is dropped from the result.
-    A segment without a sampled token (all mask 0) is left out: it has nothing to train.
+    ``action_starts`` / ``action_candidates`` (constrained replies) go to the segment holding
+    each reply, offsets made relative to it. A segment without a sampled token (all mask 0) is
+    left out: it has nothing to train.
     """
     out: list[dict[str, Any]] = []
     spans: list[tuple[int, int, int]] = []
@@ -56,6 +58,10 @@ def split_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[t
             for c in TOKEN_COLUMNS:
                 if r.get(c) is not None:
                     seg[c] = list(r[c][a:b])
+            if r.get("action_starts") is not None:
+                kept = [(s - a, c) for s, c in zip(r["action_starts"], r["action_candidates"]) if a <= s < b]
+                seg["action_starts"] = [s for s, _ in kept]
+                seg["action_candidates"] = [c for _, c in kept]
             out.append(seg)
             spans.append((i, a, b))
     return out, spans

@@ -9,7 +9,10 @@ trainer consumes. Its token columns are the *exact* ids the engine saw and sampl
 * ``loss_mask``   1 where the token was sampled by the policy, 0 elsewhere (prompt,
                   observations, forced response prefixes, template glue)
 * ``old_logprobs`` the engine's log-prob of each sampled token under the sampling
-                  distribution (logits / temperature); 0.0 where ``loss_mask`` is 0
+                  distribution (logits / temperature); 0.0 where ``loss_mask`` is 0. With
+                  ``rollout.action_logprob: renormalised`` a constrained reply's log-probs are
+                  renormalised over its candidates (``agentgym.training.action_logprob``), which
+                  ``action_starts`` / ``action_candidates`` record for the trainer
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ class Episode:
     # each later segment is a new prompt the engine saw, copied ids then the reply sampled under
     # it (agentgym.context); empty: one continuous conversation
     context_starts: list[int] = field(default_factory=list)
+    # rollout.action_logprob=renormalised: the token offset of each constrained reply (drawn among
+    # the turn's valid actions) and those candidates' reply ids, which the trainer needs to
+    # recompute the normaliser; None: not recorded (the policy rule, or free replies only)
+    action_starts: list[int] | None = None
+    action_candidates: list[list[list[int]]] | None = None
 
     @property
     def num_turns(self) -> int:
@@ -89,6 +97,13 @@ class Episode:
         self.input_ids.extend(int(t) for t in ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
 
+    def record_choice(self, candidates: list[list[int]]) -> None:
+        """The reply appended next is drawn among ``candidates`` (its offset: the current end)."""
+        if self.action_starts is None or self.action_candidates is None:
+            self.action_starts, self.action_candidates = [], []
+        self.action_starts.append(len(self.input_ids))
+        self.action_candidates.append([list(c) for c in candidates])
+
     def validate(self) -> None:
         n = len(self.input_ids)
         if not (len(self.loss_mask) == len(self.old_logprobs) == n):
@@ -99,9 +114,31 @@ class Episode:
             segment_bounds(n, self.context_starts)
         except ValueError as e:
             raise ValueError(f"episode {self.episode_id}: {e}") from None
+        self._validate_choices()
         if self.infra_error:
             if not math.isnan(self.reward):
                 raise ValueError(f"episode {self.episode_id}: an infra_error episode is not scored "
                                  f"(reward NaN), got {self.reward}")
         elif not 0.0 <= self.reward <= 1.0:
             raise ValueError(f"episode {self.episode_id}: reward {self.reward} outside [0, 1]")
+
+    def _validate_choices(self) -> None:
+        """Each recorded reply (the run of sampled tokens at its offset) is one of its candidates."""
+        starts, cands = self.action_starts, self.action_candidates
+        if starts is None and cands is None:
+            return
+        if starts is None or cands is None or len(starts) != len(cands):
+            raise ValueError(f"episode {self.episode_id}: action_starts and action_candidates differ "
+                             "(give both, one entry per constrained reply, or neither)")
+        last = 0
+        for s, cs in zip(starts, cands):
+            if not last < s < len(self.input_ids):
+                raise ValueError(f"episode {self.episode_id}: action_starts {starts} must increase "
+                                 f"strictly within (0, {len(self.input_ids)})")
+            end = s
+            while end < len(self.loss_mask) and self.loss_mask[end]:
+                end += 1
+            if list(self.input_ids[s:end]) not in [list(c) for c in cs]:
+                raise ValueError(f"episode {self.episode_id}: the reply at token {s} is none of its "
+                                 f"{len(cs)} candidates")
+            last = s

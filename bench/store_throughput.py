@@ -149,7 +149,9 @@ def raw_write(fs, root: str, episodes: list, chunk: int, run_id: str) -> int:
                    "error": [e.error for e in eps], "policy_version": [0] * n, "created_at": [now] * n,
                    "input_ids": [e.input_ids for e in eps], "loss_mask": [e.loss_mask for e in eps],
                    "old_logprobs": [e.old_logprobs for e in eps],
-                   "context_starts": [e.context_starts for e in eps]}
+                   "context_starts": [e.context_starts for e in eps],
+                   "action_starts": [e.action_starts for e in eps],
+                   "action_candidates": [e.action_candidates for e in eps]}
         tr = [(e, t) for e in eps for t in e.turns]
         tu_cols = {"run_id": [run_id] * len(tr), "episode_id": [e.episode_id for e, _ in tr],
                    "env": [e.env for e, _ in tr], "task_id": [e.task_id for e, _ in tr],

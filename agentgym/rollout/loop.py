@@ -20,7 +20,10 @@ baseline.
 ``constrain_actions``: where the environment lists its valid actions, the reply is not free
 text but one of those actions in the reply format (``ChatFormatter.action_reply_ids``), drawn by
 the engine's ``choose`` in proportion to the policy's probability of saying it; where it lists
-none (``valid_actions()`` is ``None`` or empty), the reply is generated as usual. Tool
+none (``valid_actions()`` is ``None`` or empty), the reply is generated as usual. With
+``action_logprob: renormalised`` a chosen reply's stored log-probs are those of the distribution
+it was drawn from, renormalised over the candidates (``agentgym.training.action_logprob``), and
+the episode records the candidates (``Episode.action_starts`` / ``action_candidates``). Tool
 environments (``env_adapters.tool_calls.ToolEnv``) list none by default, so their replies are
 always generated freely, even with ``constrain_actions``.
 
@@ -42,10 +45,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from agentgym.chat import ChatFormatter
 from agentgym.context import ContextPolicy
 from agentgym.rollout.engines.base import InferenceEngine, SamplingParams
 from agentgym.rollout.env_threads import env_pool
+from agentgym.training.action_logprob import RENORMALISED, choice_index, renormalised_logprobs
 from agentgym.types import Episode, Turn
 from env_adapters.base import InfraError, StepResult, TextEnv
 from env_adapters.tool_calls import checked_tool_results, checked_tools
@@ -86,6 +92,9 @@ class RolloutSettings:
     # call index: an episode's replies depend on the batch it plays in); True, one per episode
     # and turn (episode_turn_seed: the same replies whichever batch, max_live or worker plays it)
     seeds_per_episode: bool = False
+    # rollout.action_logprob: "renormalised" stores a constrained reply's log-probs renormalised
+    # over its candidates, and the candidates (Episode.action_starts / action_candidates)
+    action_logprob: str = "policy"
 
     @classmethod
     def from_config(cls, cfg: Any, horizon: int, seed: int, greedy: bool = False) -> "RolloutSettings":
@@ -97,7 +106,7 @@ class RolloutSettings:
             env_workers=r.env_workers, seed=seed, system_prompt=cfg.system_prompt,
             max_live=r.max_live_episodes, constrain_actions=r.constrain_actions,
             context_policy=r.context_policy.value, context_window=r.context_window,
-            seeds_per_episode=cfg.seeds_per_episode,
+            seeds_per_episode=cfg.seeds_per_episode, action_logprob=r.action_logprob,
         )
 
 
@@ -309,8 +318,13 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
         params.row_seeds = [episode_turn_seed(settings.seed, lv.ep.episode_id, lv.turn) for lv in fits]
     samples = _replies(engine, fits, choices, params)
     replies = []
-    for lv, sample in zip(fits, samples):
-        lv.ep.append(sample.token_ids, sampled=True, logprobs=sample.logprobs)
+    renormalise = settings.action_logprob == RENORMALISED
+    for lv, sample, cands in zip(fits, samples, choices):
+        logprobs = sample.logprobs
+        if renormalise and cands is not None:
+            logprobs = _renormalised(sample, cands)
+            lv.ep.record_choice(cands)
+        lv.ep.append(sample.token_ids, sampled=True, logprobs=logprobs)
         replies.append(formatter.reply_text(sample.token_ids))
 
     summarize = settings.context_policy == ContextPolicy.SUMMARY.value
@@ -405,6 +419,16 @@ def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list
         for (j, _), sample in zip(chosen, got):
             out[j] = sample
     return out
+
+
+def _renormalised(sample: Any, candidates: list[list[int]]) -> list[float]:
+    """A chosen reply's per-token log-probs renormalised over its candidates (``rollout.
+    action_logprob: renormalised``), from the candidates' log-probs the engine scored them with."""
+    if sample.choice_logprobs is None:
+        raise ValueError("rollout.action_logprob=renormalised needs the engine's log-probs of every candidate "
+                         "(Sample.choice_logprobs, which HFEngine.choose returns); this engine gave none")
+    lps = [torch.tensor(x, dtype=torch.float64) for x in sample.choice_logprobs]
+    return renormalised_logprobs(candidates, lps, choice_index(sample.token_ids, candidates)).tolist()
 
 
 def _finish(lv: _Live) -> Episode:

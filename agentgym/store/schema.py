@@ -51,6 +51,25 @@ def _episode_id(what: str) -> pa.Field:
     return _f("episode_id", pa.string(), what)
 
 
+def _action_columns(table: str) -> list[pa.Field]:
+    """The constrained replies' candidates (``rollout.action_logprob: renormalised``)."""
+    if table != "episodes":
+        return [_f("action_starts", pa.list_(pa.int32()), "As `episodes.action_starts`.", nullable=True,
+                   token=True),
+                _f("action_candidates", pa.list_(pa.list_(pa.list_(pa.int32()))), "As "
+                   "`episodes.action_candidates`.", nullable=True, token=True)]
+    return [
+        _f("action_starts", pa.list_(pa.int32()), "Offset in `input_ids` of each reply drawn among "
+           "the turn's valid actions (`rollout.constrain_actions`), recorded under "
+           "`rollout.action_logprob: renormalised`, whose `old_logprobs` there are renormalised over "
+           "the candidates; null: not recorded (the default rule, free replies only, older files).",
+           nullable=True, token=True),
+        _f("action_candidates", pa.list_(pa.list_(pa.list_(pa.int32()))), "The candidates' reply "
+           "token ids of each `action_starts` reply (the reply is one of them): what the trainer "
+           "scores to recompute the normaliser; null with `action_starts`.", nullable=True, token=True),
+    ]
+
+
 EPISODES_SCHEMA = pa.schema(
     [
         _run_id(),
@@ -94,6 +113,7 @@ EPISODES_SCHEMA = pa.schema(
         _f("context_starts", pa.list_(pa.int32()), "Offsets in `input_ids` where a new context "
            "segment begins (`rollout.context_policy` window/summary); empty: one conversation.",
            token=True),
+        *_action_columns("episodes"),
     ]
 )
 
@@ -135,8 +155,8 @@ TURNS_SCHEMA = pa.schema(
 # file's episodes hold them, docs/datasets.md gives the join).
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {
     "turns": {"invalid_action": False, "state_key": "", "success": None, "horizon": None},
-    "episodes": {"context_starts": []},
-    "train_batch": {"context_starts": []},
+    "episodes": {"context_starts": [], "action_starts": None, "action_candidates": None},
+    "train_batch": {"context_starts": [], "action_starts": None, "action_candidates": None},
 }
 
 ADVANTAGES_SCHEMA = pa.schema(
@@ -174,6 +194,7 @@ TRAIN_BATCH_SCHEMA = pa.schema(
         _f("old_values", pa.list_(pa.float32()), "The critic's value of each token before the "
            "update (gae); empty: no critic.", token=True),
         _f("context_starts", pa.list_(pa.int32()), "As `episodes.context_starts`.", token=True),
+        *_action_columns("train_batch"),
     ]
 )
 

@@ -284,6 +284,8 @@ class TrajectoryStore:
             **{c: [as_list(v) for v in batch[c]] for c in ("input_ids", "loss_mask", "old_logprobs")},
             **{c: [as_list(v) for v in batch[c]] if c in batch else [[] for _ in range(len(batch))]
                for c in ("advantages", "returns", "old_values", "context_starts")},
+            **{c: list(batch[c]) if c in batch else [None] * len(batch)
+               for c in ("action_starts", "action_candidates")},
         }
         return self._commit_single("train_batch", stage, iteration, self._to_table("train_batch", cols))
 
@@ -297,6 +299,9 @@ class TrajectoryStore:
             values = table.column(c).to_pylist()
             if any(values):
                 columns[c] = values
+        if table.column("action_starts").null_count < len(table):  # rollout.action_logprob=renormalised
+            columns["action_starts"] = table.column("action_starts").to_pylist()
+            columns["action_candidates"] = table.column("action_candidates").to_pylist()
         return EpisodeBatch(columns)
 
     # -- building tables (all validation happens here, before any byte is written)
@@ -354,6 +359,8 @@ class TrajectoryStore:
             "loss_mask": [e.loss_mask for e in episodes],
             "old_logprobs": [e.old_logprobs for e in episodes],
             "context_starts": [e.context_starts for e in episodes],
+            "action_starts": [e.action_starts for e in episodes],
+            "action_candidates": [e.action_candidates for e in episodes],
         }
         turn_rows = [(e, t) for e in episodes for t in e.turns]
         tu_cols: dict[str, list[Any]] = {
@@ -427,7 +434,7 @@ class TrajectoryStore:
                 raise ValueError(
                     f"{table}.{f.name}: {arr.null_count} null value(s) in a non-null column"
                 )
-            if pa.types.is_list(f.type) and arr.null_count:
+            if pa.types.is_list(f.type) and arr.null_count and not f.nullable:
                 raise ValueError(f"{table}.{f.name}: null list")
             if pa.types.is_list(f.type) and arr.flatten().null_count:
                 raise ValueError(f"{table}.{f.name}: null element in a list")

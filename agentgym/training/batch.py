@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agentgym.training.action_logprob import RowChoices
+
 
 @dataclass
 class TrainBatch:
@@ -18,13 +20,18 @@ class TrainBatch:
     advantages: torch.Tensor  # float, 0 where loss_mask == 0
     returns: torch.Tensor | None = None  # float, the critic's regression targets (gae)
     old_values: torch.Tensor | None = None  # float, the critic's values before the update (gae)
+    # rollout.action_logprob=renormalised: per row, its constrained replies as (token offset,
+    # the candidates' ids); the trainer's log-probs are then the renormalised ones
+    # (agentgym.training.action_logprob). None: every log-prob is the policy's own.
+    choices: list[RowChoices] | None = None
 
     OPTIONAL = ("returns", "old_values")
 
     @classmethod
     def from_rows(cls, rows: list[dict], pad_id: int) -> "TrainBatch":
         """``rows``: dicts with input_ids, loss_mask, old_logprobs, advantages (equal lengths),
-        and optionally returns / old_values (all rows or none)."""
+        and optionally returns / old_values (all rows or none) and action_starts /
+        action_candidates (a row without them, or with None, has no constrained reply)."""
         if not rows:
             raise ValueError("TrainBatch.from_rows: no rows")
         width = max(len(r["input_ids"]) for r in rows)
@@ -47,7 +54,12 @@ class TrainBatch:
             attn[i, :n] = 1
             for c in cols:
                 floats[c][i, :n] = torch.as_tensor(r[c], dtype=torch.float32)
-        return cls(ids, attn, **floats)
+        choices = None
+        if any(r.get("action_starts") is not None for r in rows):
+            choices = [[(int(s), [list(c) for c in cands])
+                        for s, cands in zip(r.get("action_starts") or [], r.get("action_candidates") or [])]
+                       for r in rows]
+        return cls(ids, attn, **floats, choices=choices)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -60,10 +72,11 @@ class TrainBatch:
 
     def select(self, idx: torch.Tensor | list[int]) -> "TrainBatch":
         idx = torch.as_tensor(idx, dtype=torch.long)
-        return TrainBatch(**{k: t[idx] for k, t in self.tensors().items()})
+        choices = None if self.choices is None else [self.choices[i] for i in idx.tolist()]
+        return TrainBatch(**{k: t[idx] for k, t in self.tensors().items()}, choices=choices)
 
     def to(self, device: torch.device | str) -> "TrainBatch":
-        return TrainBatch(**{k: t.to(device) for k, t in self.tensors().items()})
+        return TrainBatch(**{k: t.to(device) for k, t in self.tensors().items()}, choices=self.choices)
 
     def trimmed(self) -> "TrainBatch":
         """The batch without the columns that are padding in every row (rows are right-padded to
@@ -71,4 +84,4 @@ class TrainBatch:
         width = int(self.attention_mask.sum(-1).max()) if len(self) else 0
         if width == self.input_ids.shape[1]:
             return self
-        return TrainBatch(**{k: t[:, :width] for k, t in self.tensors().items()})
+        return TrainBatch(**{k: t[:, :width] for k, t in self.tensors().items()}, choices=self.choices)

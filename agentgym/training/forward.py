@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from agentgym import algorithms as A
 
+from agentgym.training.action_logprob import RowChoices, candidate_plan
 from agentgym.training.batch import TrainBatch
 
 if TYPE_CHECKING:
@@ -47,10 +48,23 @@ def policy_forward(
     """``token_logprobs`` plus, given a value head, the values (B, T) from the same hidden states,
     and with ``with_accuracy`` a (B, T) float tensor, 1 where the token is the policy's argmax
     (0 at masked positions): the token accuracy of supervised fine-tuning. ``entropy_grad``
-    False: the entropy is a metric only (no graph kept for it)."""
+    False: the entropy is a metric only (no graph kept for it).
+
+    A batch with ``choices`` (``rollout.action_logprob: renormalised``) gets the log-probs of its
+    constrained replies renormalised over their candidates, in the same forward: the candidates
+    are appended to each row as a token tree (``agentgym.training.action_logprob``). Entropy,
+    values and accuracy stay those of the conversation's tokens."""
     core = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     head = model.get_output_embeddings()
-    hidden = core(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    plan = None
+    if batch.choices is not None and any(batch.choices):
+        plan = candidate_plan(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.choices)
+        dtype = core.get_input_embeddings().weight.dtype
+        hidden_all = core(input_ids=plan.input_ids, attention_mask=plan.attention_mask(dtype, batch.input_ids.device),
+                          position_ids=plan.position_ids).last_hidden_state
+        hidden = hidden_all[:, : plan.width]
+    else:
+        hidden = core(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     values = values_from_hidden(value_head, hidden) if value_head is not None else None
     target_mask = batch.loss_mask[:, 1:].bool()  # token t+1 is predicted from position t
     h = hidden[:, :-1][target_mask]
@@ -60,6 +74,9 @@ def policy_forward(
     lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
     out[:, 1:][target_mask] = lp
+    if plan is not None:  # the candidates' tree nodes (and any position past a chosen reply)
+        extra = torch.cat([hidden_all[plan.node_rows, plan.node_cols], hidden[plan.extra_rows, plan.extra_cols]])
+        out = plan.renormalise(out, logp_all, torch.log_softmax(head(extra).float() / temperature, dim=-1))
     ent = None
     if with_entropy:
         # from the log-probs at hand: one pass over the vocabulary instead of softmax + logsumexp
@@ -90,8 +107,9 @@ class LogprobModel(torch.nn.Module):
             self.value_head = value_head
 
     def forward(self, input_ids, attention_mask, loss_mask, temperature: float, with_entropy: bool,
-                with_values: bool = False, with_accuracy: bool = False, entropy_grad: bool = True):
-        batch = TrainBatch(input_ids, attention_mask, loss_mask, loss_mask, loss_mask)
+                with_values: bool = False, with_accuracy: bool = False, entropy_grad: bool = True,
+                choices: list[RowChoices] | None = None):
+        batch = TrainBatch(input_ids, attention_mask, loss_mask, loss_mask, loss_mask, choices=choices)
         lp, ent, values, correct = policy_forward(self.policy, batch, temperature, with_entropy,
                                                    self.value_head if with_values else None, with_accuracy,
                                                    entropy_grad)

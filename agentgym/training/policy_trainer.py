@@ -454,7 +454,8 @@ class PolicyTrainer:
         """Forward passes over ``batch`` in micro-batches, dropout off, no gradient: any of
         ``logprobs`` (the current policy's, as the PPO ratio's old log-probs), ``values`` (the
         critic's V, (B, T)) and ``ref_logprobs`` (the frozen reference's). Each (B, T) float32 on
-        the CPU; log-probs are 0 at masked tokens. Every rank computes the whole batch (ZeRO-3's
+        the CPU; log-probs are 0 at masked tokens, and renormalised over the candidates at the
+        constrained replies of a batch with ``choices`` (``rollout.action_logprob``). Every rank computes the whole batch (ZeRO-3's
         gathers are collectives; the results are identical on every rank)."""
         unknown = set(what) - set(self.COMPUTABLE)
         if unknown:
@@ -474,7 +475,8 @@ class PolicyTrainer:
                 mb = batch.select(idx).to(self.engine.device)
                 shared = "values" in what and self.critic_mode == "shared"
                 if "logprobs" in what or shared:
-                    out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False, shared)
+                    out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False, shared,
+                                      choices=mb.choices)
                     if "logprobs" in what:
                         parts["logprobs"].append(out[0].float().cpu())
                     if shared:
@@ -522,7 +524,7 @@ class PolicyTrainer:
     def _micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         shared = self.critic_mode == "shared"
         out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True, shared,
-                          entropy_grad=bool(self.algo.entropy_coef))
+                          entropy_grad=bool(self.algo.entropy_coef), choices=mb.choices)
         lp, ent = out[0], out[1]
         loss, m = A.policy_loss(
             lp, mb.old_logprobs, mb.advantages, mb.loss_mask,

@@ -13,8 +13,11 @@ the horizon schedule and the RL seed:
     .venv/bin/python bench/learning/ablation.py report          # table + plots from MLflow
 
 ``--variant gigpo|turn`` runs a schedule with turn-level credit instead of outcome-only GRPO,
-``--variant async`` with asynchronous RL (``rollout.async_steps: 1``) instead of synchronous
-(``VARIANTS``); each is its own run and row, compared with its schedule in the report.
+``--variant async`` with asynchronous RL (``rollout.async_steps: 1``) instead of synchronous,
+``--variant renorm`` with the constrained replies' log-probs renormalised over the valid actions
+(``rollout.action_logprob: renormalised``, for the configs with ``rollout.constrain_actions``)
+instead of the policy's own (``VARIANTS``); each is its own run and row, compared with its
+schedule in the report.
 
 ``--env babyai-base`` is the same comparison from the base model, without a warm start (the
 paper's setting), on ``configs/quickstart.yaml`` itself (its tasks and RL settings): its runs
@@ -102,15 +105,18 @@ EVAL_TASKS = {"babyai-base": [40 * seed + level for seed in range(100, 110) for 
 #: variants of a schedule (``run --variant``), each its own run and row against the plain one:
 #: turn-level credit against the default outcome-only GRPO (gigpo: GiGPO's step groups by
 #: environment state, ``turn_baseline: state``, its turn_gamma 0.95; turn: the same-turn-index
-#: baseline), and async: asynchronous RL, the next rollout played during each update with the
-#: weights one update older (``rollout.async_steps: 1``), against the synchronous default.
+#: baseline), async: asynchronous RL, the next rollout played during each update with the
+#: weights one update older (``rollout.async_steps: 1``), against the synchronous default, and
+#: renorm: the PPO ratio of a constrained reply taken on its log-prob renormalised over the turn's
+#: valid actions (``rollout.action_logprob: renormalised``) against the policy's own log-prob.
 VARIANTS: dict[str, list[str]] = {
     "gigpo": ["algorithm.credit=turn", "algorithm.turn_baseline=state", "algorithm.turn_gamma=0.95"],
     "turn": ["algorithm.credit=turn", "algorithm.turn_baseline=turn"],
     "async": ["rollout.async_steps=1"],
+    "renorm": ["rollout.action_logprob=renormalised"],
 }
 #: which config section a variant changes (everything else stays the plain run's)
-VARIANT_SECTION = {"gigpo": "algorithm", "turn": "algorithm", "async": "rollout"}
+VARIANT_SECTION = {"gigpo": "algorithm", "turn": "algorithm", "async": "rollout", "renorm": "rollout"}
 
 
 def config_path(env: str) -> Path:
@@ -483,7 +489,8 @@ def main() -> int:
     r.add_argument("--iterations", type=int, default=None,
                    help=f"RL iterations in all (divisible by 3; default {ITERATIONS}; the from-base envs {DEFAULT_ITERATIONS['babyai-base']})")
     r.add_argument("--variant", choices=sorted(VARIANTS), default=None,
-                   help="a variant of the schedule: turn-level credit or async RL (its own run id and row in the report)")
+                   help="a variant of the schedule: turn-level credit, async RL or the renormalised ratio of "
+                        "constrained replies (its own run id and row in the report)")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     sub.add_parser("report", help="table and plots of the finished runs")
     args = p.parse_args()

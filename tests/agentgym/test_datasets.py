@@ -110,7 +110,7 @@ def test_plain_pandas_gives_categories_which_is_why_the_docs_pass_a_schema(tmp_p
 def test_the_documented_read_leaves_out_the_token_columns_and_keeps_the_rest(tmp_path):
     store, _ = write_run(tmp_path / "store")
     episodes = run_documented_read(ROOT / "README.md", store)["episodes"]
-    tokens = {"input_ids", "loss_mask", "old_logprobs", "context_starts"}
+    tokens = {"input_ids", "loss_mask", "old_logprobs", "context_starts", "action_starts", "action_candidates"}
     assert list(episodes.columns) == [c for c in SCHEMAS["episodes"].names if c not in tokens]
     assert not [c for c in episodes.columns if episodes[c].dtype == object]  # no arrays per row
     assert set(dataset_columns("episodes", tokens=True)) - set(dataset_columns("episodes")) == tokens

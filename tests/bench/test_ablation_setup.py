@@ -68,6 +68,9 @@ def test_a_variant_changes_only_its_section(variant, tmp_path):
     varied = load_config(ablation.config_path("babyai-base"), base + ablation.VARIANTS[variant])
     if variant == "async":
         assert varied.rollout.async_steps == 1 and plain.rollout.async_steps == 0
+    elif variant == "renorm":  # the quickstart constrains its replies: the option applies
+        assert varied.rollout.action_logprob == "renormalised" and plain.rollout.action_logprob == "policy"
+        assert varied.rollout.constrain_actions
     else:
         assert varied.algorithm.credit == "turn"
         assert varied.algorithm.turn_baseline == {"gigpo": "state"}.get(variant, "turn")

@@ -44,11 +44,14 @@ class Sample:
 
     ``logprobs[i]`` is ``log softmax(logits / temperature)[token_ids[i]]`` (the sampling
     distribution before top-p truncation), the quantity the trainer recomputes.
+    ``choice_logprobs`` (``choose`` only): the same per-token log-probs of every candidate, in the
+    order given, from which the rollout renormalises (``rollout.action_logprob``).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    choice_logprobs: list[list[float]] | None = None
 
 
 def check_prompts(prompts: list[list[int]], cache_keys: list[str] | None,

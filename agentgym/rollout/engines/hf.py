@@ -467,7 +467,9 @@ class HFEngine:
 
         The returned ``Sample`` holds the chosen ids and their per-token
         ``log_softmax(logits / T)``, exactly what ``generate`` would report had it sampled them,
-        so the trainer's ratio and the stored tokens mean the same as in free generation.
+        so the trainer's ratio and the stored tokens mean the same as in free generation, and
+        every candidate's (``choice_logprobs``), from which the rollout renormalises under
+        ``rollout.action_logprob: renormalised``.
         Cost: one prefill (kept caches reused as in ``generate``), then one forward over the
         distinct prefixes of every prompt's candidates (``_candidate_logprobs``).
         """
@@ -508,7 +510,7 @@ class HFEngine:
                 pick = int(scores.argmax())
             else:
                 pick = int(draws.pick(torch.softmax(scores, 0)[None], [r])[0])
-            out.append(Sample(list(cands[pick]), list(lps[pick]), "stop"))
+            out.append(Sample(list(cands[pick]), list(lps[pick]), "stop", [list(x) for x in lps]))
         self.generated_tokens += sum(len(s.token_ids) for s in out)
         return out
 
