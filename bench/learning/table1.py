@@ -103,6 +103,12 @@ def record_path(cell: str) -> Path:
     return RECORDS / f"{cell}.json"
 
 
+def single_stage(env: str) -> bool:
+    """The config has one stage (miniwob): ScalingInter-RL is then a fixed horizon, the long row the
+    scaling row."""
+    return len(load_cfg(env).stages) == 1
+
+
 def load_cfg(env: str, sets: list[str] | None = None):
     from agentgym.config import load_config
 
@@ -269,6 +275,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cell = cell_id(args.env, args.schedule, args.seed)
     extra: dict[str, Any] = {}
     iterations = args.iterations
+    if args.schedule == "long" and len(load_cfg(args.env).stages) == 1:
+        print(f"{COLUMNS[args.env]} has one stage: its scaling run is already a fixed horizon at the longest "
+              "horizon, so the long row is the scaling row", file=sys.stderr)
+        return 2
     if args.schedule == "long" and not iterations:
         scaling = record_path(cell_id(args.env, "scaling", args.seed))
         if not scaling.exists():
@@ -407,7 +417,9 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
         cells = []
         for env, lab, _ in cols:
             s = cell_stats(records, env, row, lab)
-            if s is None and row in RL_ROWS and commands is not None:
+            if row == "long" and single_stage(env):
+                cells.append("= scaling (one stage)")
+            elif s is None and row in RL_ROWS and commands is not None:
                 cells.append("to run")
             else:
                 cells.append(_fmt(s) + (f" ({s['seeds']} seeds)" if s and row in RL_ROWS else ""))

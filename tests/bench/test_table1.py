@@ -114,6 +114,9 @@ def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_number
     assert row["after ScalingInter-RL (from base)"][babyai].endswith("(2 seeds)")
     assert row["after ScalingInter-RL (from base)"][cols.index("sciworld (sciworld.yaml)")] == "to run"
     assert row["base SmolLM2-135M-Instruct"][cols.index("textcraft (textcraft.yaml)")] == "—"
+    # a one-stage config's scaling run is a fixed horizon already
+    assert row["after fixed long horizon, same env steps"][cols.index("miniwob (miniwob.yaml)")] \
+        == "= scaling (one stage)"
     assert row["random valid action (10 seeds)"][cols.index("mixed/textcraft")].startswith("0.250 [")
     assert row["held-out tasks"][babyai] == "32"
     assert row["random valid action (10 seeds)"][cols.index("textworld_express (textworld_express.yaml)")] \
