@@ -66,10 +66,14 @@ RL_ROWS = ("scaling", "long")
 ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-135M-Instruct",
               "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
 RANDOM_SEEDS = 10
-#: RL iterations per stage of the config's own stages (sized from ``probe``: one run <= ~40 min
-#: here where possible; the probe's minutes per iteration at the longest horizon are an upper bound)
-ITERATIONS_PER_STAGE = {"babyai": 6, "textcraft": 4, "sciworld": 2, "deepsearch": 4, "miniwob": 8,
-                        "textworld_express": 4, "mixed": 4}
+#: RL iterations per stage of the config's own stages, sized so one run (its final held-out
+#: evaluation included) takes <= ~40 min on the idle 2-core machine. Measured: the babyai probe
+#: (one iteration of 8 episodes at horizon 10: 36 s of rollout, no update since no group had a
+#: reward, under load); an update of 8 such episodes on all 30 layers is ~50 s more; miniwob's
+#: 8 iterations took 14.5 min (docs/results.md). The others are estimated from their base-model
+#: evaluations' minutes per episode-turn and are to be checked with ``probe`` before a run.
+ITERATIONS_PER_STAGE = {"babyai": 10, "textcraft": 8, "sciworld": 4, "deepsearch": 6, "miniwob": 8,
+                        "textworld_express": 8, "mixed": 8}
 #: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
 #: score x 100); the adapter's reward is the running score / 100, the episode keeps its last value
 SCORED = {"sciworld": 100.0}
