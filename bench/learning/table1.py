@@ -330,6 +330,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     sets = [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{args.env}",
             f'schedule.stages=[{{"horizon": {horizon}, "iterations": {args.iterations}}}]',
             "heldout.enabled=false", "sft.enabled=false", "tracking.checkpoint_every=0"] + list(args.set or [])
+    record = results_io.Run("table1-probe", {"env": args.env, "horizon": horizon, "iterations": args.iterations,
+                                             "overrides": sets})
     t0 = time.perf_counter()
     rc = _train(args.env, rid, sets)
     wall = time.perf_counter() - t0
@@ -340,8 +342,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
         for key in ("rollout_seconds", "update_seconds", "episodes", "turns_per_episode",
                     "success_rate", "reward_mean", "invalid_action_rate", "format_error_rate"):
             per_it[key] = [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
-    record = results_io.Run("table1-probe", {"env": args.env, "horizon": horizon, "iterations": args.iterations,
-                                             "overrides": sets})
     out = record.write([], {"rc": rc, "wall_s": wall, "horizon": horizon, "per_iteration": per_it},
                        tag=f"probe-{args.env}", out=RECORDS / "probes" / f"{args.env}.json")
     print(json.dumps({"wall_min": wall / 60, **per_it}, indent=1))
