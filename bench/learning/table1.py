@@ -67,11 +67,10 @@ ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-
               "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
 RANDOM_SEEDS = 10
 #: RL iterations per stage of the config's own stages, sized so one run (its final held-out
-#: evaluation included) takes <= ~40 min on the idle 2-core machine. Measured: the babyai probe
-#: (one iteration of 8 episodes at horizon 10: 36 s of rollout, no update since no group had a
-#: reward, under load); an update of 8 such episodes on all 30 layers is ~50 s more; miniwob's
-#: 8 iterations took 14.5 min (docs/results.md). The others are estimated from their base-model
-#: evaluations' minutes per episode-turn and are to be checked with ``probe`` before a run.
+#: evaluation included) takes <= ~40 min on the idle 2-core machine: estimates from the one-iteration
+#: probes (docs/results/table1/probes/: 0.6-3.1 min of rollout at the longest horizon, no update for
+#: the free-text configs, whose base model gets no reward; MiniWoB 1.5 + 1.7 min) and the held-out
+#: evaluations' minutes; an update of all 30 layers on 8 episodes should add about a minute.
 ITERATIONS_PER_STAGE = {"babyai": 10, "textcraft": 8, "sciworld": 4, "deepsearch": 6, "miniwob": 8,
                         "textworld_express": 8, "mixed": 8}
 #: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
