@@ -26,7 +26,7 @@ echo "[test] mypy took $(( $(date +%s) - t0 )) s" >&2
 if [ "${AGENTGYM_SKIP_VLLM:-0}" != 1 ]; then
   bash scripts/setup_vllm_env.sh
   # Includes the real `vllm serve` module (tests/engines/test_vllm_server.py: one server start,
-  # a LoRA training against it; 76 s on the idle 2-core machine, 2026-12-02).
+  # a LoRA training against it).
   .venv-vllm/bin/python -m pytest -q -ra --timeout=1800 -p no:cacheprovider tests/engines || status=$?
 fi
 exit $status
