@@ -729,12 +729,7 @@ def trl_child(args) -> None:
         init_s = time.perf_counter() - t0
 
         def step() -> None:
-            for mb in mbs:
-                trainer.training_step(model, dict(mb), num_items_in_batch=mb["num_items_in_batch"])
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            trainer.lr_scheduler.step()
-            opt.zero_grad(set_to_none=True)
+            update_throughput.trl_optimizer_step(trainer, model, opt, mbs)
 
         warm, _ = timed(step, device)
         n = max(1, min(args.reps, int(args.trl_allowance // max(warm, 1e-6))))

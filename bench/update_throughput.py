@@ -361,6 +361,20 @@ class Trl:
         self.dir.cleanup()
 
 
+def trl_optimizer_step(trainer, model, opt, micro: list[dict]) -> None:
+    """One optimizer step of TRL's training loop on prepared micro-batches: ``training_step`` per
+    micro-batch (forward, loss, accelerate's backward), then clipping at 1.0, the step, the
+    scheduler and zeroed gradients (also used by bench/gpu_throughput.py's TRL child)."""
+    import torch
+
+    for mb in micro:
+        trainer.training_step(model, dict(mb), num_items_in_batch=mb["num_items_in_batch"])
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    trainer.lr_scheduler.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def trl_child(batch_file: str, args) -> None:
     """In bench/.venv-trl: TRL's GRPOTrainer built once on the given batch, then one GRPO step
     per ``step`` line on stdin, its seconds answered on stdout; ``exit`` (or end of input) ends it."""
@@ -436,12 +450,7 @@ def trl_child(batch_file: str, args) -> None:
         if line.strip() != "step":
             break
         t0 = time.perf_counter()
-        for mb in micro:
-            trainer.training_step(model, dict(mb), num_items_in_batch=mb["num_items_in_batch"])
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        trainer.lr_scheduler.step()
-        opt.zero_grad(set_to_none=True)
+        trl_optimizer_step(trainer, model, opt, micro)
         say({"s": time.perf_counter() - t0})
     out.cleanup()
 
