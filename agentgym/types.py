@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -52,6 +53,14 @@ class Turn:
     # the observation, else a digest of the observation text (GiGPO's step groups compare turns
     # taken from equal states)
     state_key: str = ""
+
+
+def reply_end(loss_mask: Sequence[int], start: int) -> int:
+    """End (exclusive) of the run of sampled tokens (``loss_mask`` 1) that starts at ``start``: the reply."""
+    end = start
+    while end < len(loss_mask) and loss_mask[end]:
+        end += 1
+    return end
 
 
 @dataclass
@@ -135,9 +144,7 @@ class Episode:
             if not last < s < len(self.input_ids):
                 raise ValueError(f"episode {self.episode_id}: action_starts {starts} must increase "
                                  f"strictly within (0, {len(self.input_ids)})")
-            end = s
-            while end < len(self.loss_mask) and self.loss_mask[end]:
-                end += 1
+            end = reply_end(self.loss_mask, s)
             if list(self.input_ids[s:end]) not in [list(c) for c in cs]:
                 raise ValueError(f"episode {self.episode_id}: the reply at token {s} is none of its "
                                  f"{len(cs)} candidates")

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agentgym.types import reply_end
+
 #: the two rules of ``rollout.action_logprob``
 POLICY = "policy"
 RENORMALISED = "renormalised"
@@ -70,10 +72,7 @@ def renormalised_logprobs(candidates: Sequence[Sequence[int]], logprobs: Sequenc
     equal = 0
     for i, c in enumerate(candidates):
         c = tuple(c)
-        common = 0
-        while common < min(len(c), n) and c[common] == a[common]:
-            common += 1
-        member[i, : min(common + 1, n)] = True
+        member[i, : min(common_prefix(c, a) + 1, n)] = True
         equal += int(c == a)
     lp = logprobs if isinstance(logprobs, Tensor) else \
         torch.nn.utils.rnn.pad_sequence(list(logprobs), batch_first=True)
@@ -82,6 +81,14 @@ def renormalised_logprobs(candidates: Sequence[Sequence[int]], logprobs: Sequenc
     log_z = torch.logsumexp(suffix.masked_fill(~member.to(lp.device), float("-inf")), dim=0)  # Z_0 .. Z_{n-1}
     last = lp.new_full((1,), math.log(equal))  # Z_n: the copies of a in the list
     return lp[chosen, :n] + torch.cat([log_z[1:], last]) - log_z
+
+
+def common_prefix(c: Sequence[int], a: Sequence[int]) -> int:
+    """How many leading tokens ``c`` and ``a`` share."""
+    common = 0
+    while common < min(len(c), len(a)) and c[common] == a[common]:
+        common += 1
+    return common
 
 
 def choice_index(reply: Sequence[int], candidates: Sequence[Sequence[int]]) -> int:
@@ -147,14 +154,6 @@ class CandidatePlan:
         return token_lp.index_put(idx, torch.cat(new).to(token_lp.dtype))
 
 
-def reply_end(loss_mask_row: Sequence[int], start: int) -> int:
-    """End (exclusive) of the run of sampled tokens that starts at ``start``: the reply."""
-    end = start
-    while end < len(loss_mask_row) and loss_mask_row[end]:
-        end += 1
-    return end
-
-
 def candidate_plan(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
                    choices: Sequence[RowChoices | None], pad_id: int = 0) -> CandidatePlan:
     """The tree layout (``CandidatePlan``) of a padded batch's constrained turns. ``choices[r]``:
@@ -189,9 +188,7 @@ def candidate_plan(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
             offsets = []
             for c in cands:
                 offsets.append(len(kinds))
-                common = 0
-                while common < min(len(c), n) and c[common] == a[common]:
-                    common += 1
+                common = common_prefix(c, a)
                 for d in range(common + 1, len(c)):  # the prefixes c[:d] off the chosen reply
                     key = tuple(c[:d])
                     if key not in index:
@@ -251,4 +248,4 @@ def candidate_plan(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
 
 
 __all__ = ["POLICY", "RENORMALISED", "CandidatePlan", "RowChoices", "candidate_plan", "choice_index",
-           "renormalised_logprobs", "reply_end"]
+           "common_prefix", "renormalised_logprobs", "reply_end"]
