@@ -271,6 +271,7 @@ def ours_points(client, run, budget: Budget) -> list[dict[str, Any]]:
     iteration metric -> its held-out metric); episodes, optimizer steps, rollout and update
     seconds summed over the iterations so far; ``in_run_success``: the run's own held-out row."""
     from agentgym.evaluation.heldout_metrics import detail_keys
+    from agentgym.tracking.metric_history import metric_history
 
     rid = run.info.run_id
 
@@ -281,9 +282,9 @@ def ours_points(client, run, budget: Budget) -> list[dict[str, Any]]:
         return max(hist, key=lambda m: m.timestamp) if hist else None
 
     def series(key: str) -> dict[int, float]:  # by step; a resumed run's repeat keeps the last
-        return {m.step: m.value for m in sorted(client.get_metric_history(rid, key), key=lambda m: m.timestamp)}
+        return {m.step: m.value for m in metric_history(client, rid, key)}
 
-    episodes = sorted({m.step: m for m in client.get_metric_history(rid, "episodes")}.values(), key=lambda m: m.step)
+    episodes = metric_history(client, rid, "episodes")
     base = last("base")
     if base is None or len(episodes) < budget.iterations:
         raise SystemExit(f"[ours] MLflow run {rid} lacks its base row or iterations ({len(episodes)} of "

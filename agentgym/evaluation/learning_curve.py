@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentgym.evaluation.heldout_metrics import RANDOM, policy_metric
+from agentgym.tracking.metric_history import metric_history
 
 
 @dataclass
@@ -86,7 +87,7 @@ def measured_seconds(client, run, iterations: int, stage_ends: list[int]) -> tup
     ``running_minutes``' ``expected_s`` and ``tail_s``."""
     out = [0.0] * (iterations + 1)
     for key in ITERATION_PHASES:
-        for m in client.get_metric_history(run.info.run_id, key):
+        for m in metric_history(client, run.info.run_id, key):
             if 0 <= m.step < iterations:
                 out[m.step] += m.value
     for k, end in enumerate(stage_ends):
@@ -101,7 +102,7 @@ def from_mlflow(client, mlflow_run_id: str, stage_ends: list[int]) -> LearningCu
     run = client.get_run(mlflow_run_id)
 
     def history(key: str) -> dict[int, tuple[float, int]]:
-        return {m.step: (m.value, m.timestamp) for m in client.get_metric_history(mlflow_run_id, key)}
+        return {m.step: (m.value, m.timestamp) for m in metric_history(client, mlflow_run_id, key)}
 
     episodes, turns, success = history("episodes"), history("turns_per_episode"), history("success_rate")
     curve = LearningCurve()

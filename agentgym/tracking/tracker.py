@@ -29,6 +29,7 @@ from mlflow.types.schema import Array
 from agentgym.config import TrackingConfig
 from agentgym.infra.diskspace import disk_errors
 from agentgym.store.schema import SCHEMAS
+from agentgym.tracking.metric_history import metric_history
 from agentgym.tracking.db_full import guarded
 
 log = logging.getLogger(__name__)
@@ -378,9 +379,8 @@ class Tracker:
         return {m.step for m in self.client.get_metric_history(mlflow_run_id, key)}
 
     def metric_steps(self, mlflow_run_id: str, key: str) -> list[tuple[int, float]]:
-        """``(step, value)`` of every logged value of ``key``, in step order."""
-        return [(m.step, m.value) for m in sorted(self.client.get_metric_history(mlflow_run_id, key),
-                                                  key=lambda m: m.step)]
+        """``(step, value)`` of ``key``, one per step (a redone step's last value), in step order."""
+        return [(m.step, m.value) for m in metric_history(self.client, mlflow_run_id, key)]
 
     def last_metrics(self, mlflow_run_id: str) -> dict[str, float]:
         """The last value of every metric of a run."""

@@ -222,6 +222,17 @@ def write_run_record(record: "results_io.Run", env: str, rid: str) -> Path | Non
     this command, a resumed run's last part only): every iteration's metrics as ``repeats``, the
     held-out points and per-task successes as results. ``report`` copies its commit, machine and
     load into the run's entry of ``docs/results/ablation-runs/<env>.json``."""
+    body = _record_body(env, rid)
+    if body is None:
+        return None
+    path = record.write(*body, tag=rid.removeprefix("ablation-"))
+    print(f"record: {path}")
+    return path
+
+
+def _record_body(env: str, rid: str) -> tuple[list[dict], dict] | None:
+    """A finished run's ``repeats`` (every iteration's metrics) and ``results`` (held-out points,
+    per-task successes, minutes in all) read from MLflow; None (said) when MLflow has no such run."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri())
@@ -236,13 +247,30 @@ def write_run_record(record: "results_io.Run", env: str, rid: str) -> Path | Non
                 "reward_mean": c["reward"][i], "turns_per_episode": c["turns"][i],
                 "format_error_rate": c["format"][i], "invalid_action_rate": c["invalid"][i]}
                for i in range(len(c["turns"]))]
-    path = record.write(repeats, {"heldout": [{"env_steps": h[0], "minutes": h[1], "success": h[2]}
-                                              for h in c["heldout"]],
-                                  "per_task": {str(k): v for k, v in per_task.items()} if per_task else None,
-                                  "wall_min": float(c["wall"]), "mlflow_run_id": r["run"].info.run_id},
-                        tag=rid.removeprefix("ablation-"))
+    return repeats, {"heldout": [{"env_steps": h[0], "minutes": h[1], "success": h[2]} for h in c["heldout"]],
+                     "per_task": {str(k): v for k, v in per_task.items()} if per_task else None,
+                     "wall_min": float(c["wall"]), "mlflow_run_id": r["run"].info.run_id}
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Rewrite a finished run's record from MLflow with today's reading of its history (e.g. after
+    a fix to how a resumed run's redone steps are read), keeping the provenance of the command that
+    ran it (started, command, config, commit, machine, load) and noting the rewrite's own date and
+    commit under ``rerecorded``."""
+    rid = run_id(args.env, args.schedule, args.seed, args.variant or "")
+    path = record_path(rid)
+    if not path.exists():
+        print(f"no record {path.relative_to(ROOT)} to rewrite: `run` writes it when the run finishes", file=sys.stderr)
+        return 2
+    body = _record_body(args.env, rid)
+    if body is None:
+        return 2
+    rec = json.loads(path.read_text())
+    rec["repeats"], rec["results"] = body
+    rec["rerecorded"] = {"date": results_io.utc_now(), "git": results_io.git_state()}
+    path.write_text(json.dumps(rec, indent=1) + "\n")
     print(f"record: {path}")
-    return path
+    return 0
 
 
 def _provenance(rid: str) -> dict:
@@ -279,9 +307,10 @@ def _curve(client, run, schedule: str, horizons: tuple[int, int, int]) -> dict:
     import numpy as np
 
     from agentgym.evaluation.learning_curve import measured_seconds, running_minutes
+    from agentgym.tracking.metric_history import metric_history
 
     rid = run.info.run_id
-    hist = {k: sorted(client.get_metric_history(rid, k), key=lambda x: x.step)
+    hist = {k: metric_history(client, rid, k)
             for k in ("reward_mean", "turns_per_episode", "format_error_rate", "invalid_action_rate", "episodes")}
     turns = [x.value for x in hist["turns_per_episode"]]
     eps = [x.value for x in hist["episodes"]]
@@ -492,9 +521,14 @@ def main() -> int:
                    help="a variant of the schedule: turn-level credit, async RL or the renormalised ratio of "
                         "constrained replies (its own run id and row in the report)")
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    c = sub.add_parser("record", help="rewrite a finished run's record from MLflow, keeping its provenance")
+    c.add_argument("--env", choices=sorted(HORIZONS), required=True)
+    c.add_argument("--schedule", choices=sorted(SCHEDULES), required=True)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--variant", choices=sorted(VARIANTS), default=None)
     sub.add_parser("report", help="table and plots of the finished runs")
     args = p.parse_args()
-    return {"warmstart": cmd_warmstart, "run": cmd_run, "report": cmd_report}[args.cmd](args)
+    return {"warmstart": cmd_warmstart, "run": cmd_run, "record": cmd_record, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

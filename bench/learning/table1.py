@@ -267,9 +267,11 @@ def _pipeline_run(client, rid: str):
 
 def run_steps(client, run) -> list[float]:
     """Environment steps of every RL iteration of a pipeline run (episodes x turns per episode)."""
+    from agentgym.tracking.metric_history import metric_history
+
     rid = run.info.run_id
-    eps = {m.step: m.value for m in client.get_metric_history(rid, "episodes")}
-    turns = {m.step: m.value for m in client.get_metric_history(rid, "turns_per_episode")}
+    eps = {m.step: m.value for m in metric_history(client, rid, "episodes")}
+    turns = {m.step: m.value for m in metric_history(client, rid, "turns_per_episode")}
     return [eps[s] * turns[s] for s in sorted(set(eps) & set(turns))]
 
 
@@ -335,13 +337,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     rc = _train(args.env, rid, sets)
     wall = time.perf_counter() - t0
+    from agentgym.tracking.metric_history import metric_history
+
     client = MlflowClient(tracking_uri=tracking_uri())
     run = _pipeline_run(client, rid)
     per_it = {}
     if run is not None:
         for key in ("rollout_seconds", "update_seconds", "episodes", "turns_per_episode",
                     "success_rate", "reward_mean", "invalid_action_rate", "format_error_rate"):
-            per_it[key] = [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+            per_it[key] = [m.value for m in metric_history(client, run.info.run_id, key)]
     out = record.write([], {"rc": rc, "wall_s": wall, "horizon": horizon, "per_iteration": per_it},
                        tag=f"probe-{args.env}", out=RECORDS / "probes" / f"{args.env}.json")
     print(json.dumps({"wall_min": wall / 60, **per_it}, indent=1))

@@ -67,3 +67,26 @@ def test_a_resumed_runs_curve_counts_the_seconds_it_ran(tmp_path):
     curve = from_mlflow(tracker.client, run, stage_ends=[3])
     assert curve.minutes == pytest.approx([1.0, 2.0, 3.0])
     assert [(p.label, p.minutes) for p in curve.heldout] == [("stage-0", pytest.approx(3.0))]
+
+
+def test_a_step_redone_after_a_resume_counts_once_at_its_last_value(tmp_path):
+    from agentgym.tracking.metric_history import metric_history
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "curve")
+    run = tracker.pipeline_run("r4", {"seed": 0})
+    start = tracker.client.get_run(run).info.start_time
+    # steps 0, 1 at 1 and 2 min; the run was killed in step 2 after logging it, and the resumed
+    # attempt (70 min later) redid step 2 with other values, then ran step 3
+    logged = [(0, 60, 2.0), (1, 120, 2.0), (2, 180, 3.0), (2, 180 + 70 * 60, 4.0), (3, 240 + 70 * 60, 5.0)]
+    for step, at, turns in logged:
+        for key, value in {"episodes": 8.0, "turns_per_episode": turns, "success_rate": 0.5,
+                           "rollout_seconds": 50.0, "update_seconds": 10.0}.items():
+            tracker.client.log_metric(run, key, value, timestamp=start + at * 1000, step=step)
+    assert [(m.step, m.value) for m in metric_history(tracker.client, run, "turns_per_episode")] == [
+        (0, 2.0), (1, 2.0), (2, 4.0), (3, 5.0)]
+    assert tracker.metric_steps(run, "turns_per_episode") == [(0, 2.0), (1, 2.0), (2, 4.0), (3, 5.0)]
+    assert measured_seconds(tracker.client, tracker.client.get_run(run), 4, [4])[0] == [60.0] * 4  # not 120 at step 2
+    curve = from_mlflow(tracker.client, run, stage_ends=[4])
+    assert curve.env_steps == [16.0, 32.0, 64.0, 104.0]  # the redone step's last value, once
+    # step 2's gap held the pause (counted as its 60 measured s); step 3 ran a minute later
+    assert curve.minutes == pytest.approx([1.0, 2.0, 3.0, 4.0])
