@@ -154,7 +154,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompt", type=int, default=256, help="update: prompt tokens per row (loss mask 0)")
     ap.add_argument("--completion", type=int, default=256, help="update: completion tokens per row (trained)")
     ap.add_argument("--micro", type=int, default=8, help="update: rows per micro-batch")
-    ap.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3])
+    ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                    help="DeepSpeed ZeRO stage of ours (0: what trainer.zero_stage auto runs for one rank)")
     ap.add_argument("--matmul-n", type=int, default=8192)
     ap.add_argument("--copy-mib", type=int, default=1024)
     ap.add_argument("--roofline-reps", type=int, default=3)

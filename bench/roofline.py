@@ -28,8 +28,8 @@ through this project's own code, best of ``--reps`` after one warm-up, every rep
   observation) then runs one forward over each row's candidate tree (the distinct proper
   prefixes of the valid actions' reply ids, ``candidate_tree``, counted as the engine counts
   them); the cache is restored before every repeat;
-* ``update``   -- ``PolicyTrainer.train_on_batch`` (DeepSpeed ZeRO ``--zero``, 2 by default as
-  ``TrainerConfig``'s, fp32, one optimizer step,
+* ``update``   -- ``PolicyTrainer.train_on_batch`` (DeepSpeed ZeRO ``--zero``, 0 by default as
+  ``trainer.zero_stage: auto`` runs one rank, fp32, one optimizer step,
   micro-batches of ``--update-micro`` rows, gradient checkpointing off) driven by
   ``bench/update_throughput.py``'s own ``Ours`` on its ``make_batch`` batch (``--update-rows``
   rows of ``--update-prompt`` prompt + ``--update-completion`` trained tokens), twice: with the
@@ -123,8 +123,8 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--update-prompt", type=int, default=192)
     ap.add_argument("--update-completion", type=int, default=64)
     ap.add_argument("--update-micro", type=int, default=1, help="micro-batch rows (configs/quickstart.yaml: 1)")
-    ap.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3],
-                    help="the update's DeepSpeed ZeRO stage (2: TrainerConfig's default)")
+    ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                    help="the update's DeepSpeed ZeRO stage (0: what trainer.zero_stage auto runs for one rank)")
     ap.add_argument("--train-layers", type=int, default=QUICKSTART_TRAIN_LAYERS,
                     help="update-top trains this many top layers (configs/quickstart.yaml: 8)")
     ap.add_argument("--matmul-n", type=int, default=2048)

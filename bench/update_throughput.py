@@ -126,7 +126,8 @@ def _parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--layers", type=_layers, default="all", help="all, or topN: train only the top N decoder "
                     "layers and the final norm, on all three sides (top8: configs/quickstart.yaml's "
                     "trainer.train_layers)")
-    ap.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3])
+    ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                    help="DeepSpeed ZeRO stage of ours (0: what trainer.zero_stage auto runs for one rank)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared 2-core machine a "
                     "second OpenMP thread spin-waits on a busy core, many times slower; 2 on an idle "
                     "machine; see bench/README.md)")

@@ -24,9 +24,9 @@ from agentgym.registry.policy_model import log_policy_model
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.tracking.tracker import Tracker
 from agentgym.training.protocol import GroupError
+from agentgym.training.zero_stage import TRAINER_STATE  # the checkpoint's DeepSpeed state, when kept
 from tasks.runtime import drop_session, get_session
 
-TRAINER_STATE = "trainer_state"  # checkpoint sub-folder with the DeepSpeed state, when kept
 
 
 @task(name="restore_policy", task_run_name="restore_policy[{run_id}]", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

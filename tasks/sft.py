@@ -25,6 +25,7 @@ from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.tracking.tracker import Tracker
 from agentgym.training import sft as S
 from agentgym.training.demos import EXPERT_POLICY_VERSION, generate_demos
+from agentgym.training.zero_stage import TRAINER_STATE
 from env_adapters import make_env
 from env_adapters.experts import make_expert
 
@@ -102,7 +103,7 @@ def sft_train(config: PipelineConfig, run_id: str, sft_mlflow_id: str, demos: di
             S.SFTState(step=(epoch + 1) * per_epoch, epoch=epoch + 1)
         logger.info("SFT resumes after epoch %d from %s", epoch, resume_uri)
     trainer = S.build_trainer(config, weights, tokenizer, total)
-    trainer_state = Path(weights) / "trainer_state"
+    trainer_state = Path(weights) / TRAINER_STATE
     if resume is not None and trainer_state.is_dir():
         trainer.load_checkpoint(trainer_state)
     elif state.step:  # weights only: the LR schedule continues where it was, AdamW restarts
@@ -135,7 +136,7 @@ def sft_train(config: PipelineConfig, run_id: str, sft_mlflow_id: str, demos: di
             with tempdirs.scratch("agentgym-sft-") as tmp:
                 trainer.save_hf(tmp, tokenizer)
                 if config.tracking.checkpoint_trainer_state and not last:
-                    trainer.save_checkpoint(Path(tmp, "trainer_state"), {"sft_step": step})
+                    trainer.save_checkpoint(Path(tmp, TRAINER_STATE), {"sft_step": step})
                 if last:
                     uri = tracker.log_checkpoint(sft_mlflow_id, tmp, 0, meta={
                         "run_id": run_id, "stage": "sft", "policy_version": 0, "kind": "sft",

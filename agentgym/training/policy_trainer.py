@@ -52,6 +52,7 @@ from agentgym.training.finite import FiniteWatch, NonFiniteTrainingError
 from agentgym.training.forward import LogprobModel, ValueModel, token_logprobs
 from agentgym.training.dist_env import init_single_process_dist
 from agentgym.training.seeding import rng_state, seed_everything, set_rng_state
+from agentgym.training.zero_stage import STATE_FILE, checkpoint_stages, resolve_zero_stage
 from agentgym.training.value_head import CRITIC_DIR, VALUE_HEAD_FILE, load_value_head, new_value_head, read_critic_folder
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ class PolicyTrainer:
 
         init_single_process_dist()
         seed_everything(seed)
+        trainer = resolve_zero_stage(trainer)  # auto without a checkpoint hint: create_trainer gives one
         self.cfg, self.algo, self.temperature = trainer, algorithm, temperature
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.seed = seed
@@ -404,6 +406,10 @@ class PolicyTrainer:
         if self.critic_engine is not None:  # its own engine: model, AdamW moments, step counters
             self.critic_engine.save_checkpoint(str(ckpt / CRITIC_DIR), tag=CHECKPOINT_TAG)
         torch.save(rng_state(), ckpt / CHECKPOINT_TAG / f"rng_rank{self.rank}.pt")
+        if self.rank == 0:  # what a resume must build to load it (zero_stage.checkpoint_stages)
+            (ckpt / CHECKPOINT_TAG / STATE_FILE).write_text(json.dumps(
+                {"zero_stage": self.cfg.zero_stage, "world_size": self.world_size,
+                 "bf16": resolve_bf16(self.cfg.bf16)}))
         torch.distributed.barrier()
         return ckpt
 
@@ -413,6 +419,12 @@ class PolicyTrainer:
         ckpt = Path(ckpt_dir)
         if not (ckpt / CHECKPOINT_TAG).is_dir():
             raise FileNotFoundError(f"{ckpt} holds no trainer checkpoint (no {CHECKPOINT_TAG}/ folder)")
+        written = checkpoint_stages(ckpt / CHECKPOINT_TAG)
+        if written and self.cfg.zero_stage not in written:
+            stage = max(written)
+            raise ValueError(f"checkpoint {ckpt} was written at DeepSpeed ZeRO-{stage}; this trainer runs "
+                             f"ZeRO-{self.cfg.zero_stage}, whose optimizer state DeepSpeed lays out otherwise: "
+                             f"resume with trainer.zero_stage: {stage} (or auto, which follows the checkpoint)")
         path, state = self.engine.load_checkpoint(
             str(ckpt), tag=CHECKPOINT_TAG, load_module_strict=not self.lora,
             load_optimizer_states=True, load_lr_scheduler_states=True,

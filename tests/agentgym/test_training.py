@@ -222,9 +222,10 @@ def _weights(tr) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("kw", [
     {"zero_stage": 2, "bf16": True},
+    {"zero_stage": 0, "bf16": True},  # auto's stage for one rank: DeepSpeed's BF16_Optimizer
     {"zero_stage": 3},
     {"zero_stage": 1, "lora": {"r": 4, "dropout": 0.2}},  # dropout: the RNG state must come back
-], ids=["zero2-bf16", "zero3", "lora-dropout"])
+], ids=["zero2-bf16", "zero0-bf16", "zero3", "lora-dropout"])
 def test_checkpoint_resume_is_bit_exact(tmp_path, tiny_path, kw):
     """save -> load into a fresh trainer -> one more update == the same update without the save:
     weights, optimizer moments, lr schedule, step counters and RNG all come back."""
@@ -247,6 +248,46 @@ def test_checkpoint_resume_is_bit_exact(tmp_path, tiny_path, kw):
     if "lora" in kw:  # the checkpoint holds the adapters, not the frozen base weights
         state = torch.load(tmp_path / "ckpt" / "ds" / "mp_rank_00_model_states.pt", weights_only=False)
         assert state["module"] and all("lora_" in k for k in state["module"])
+
+
+def test_auto_zero_stage_is_0_for_one_rank_and_follows_a_resumed_checkpoint(tmp_path, tiny_path):
+    """auto: ZeRO-0 for one rank, 2 for several; resuming, the stage the checkpoint was written at
+    (recorded beside it, or read from DeepSpeed's file names in checkpoints written before that);
+    an explicit stage that cannot load the checkpoint is refused with the fix."""
+    from agentgym.training.policy_trainer import CHECKPOINT_TAG
+    from agentgym.training.protocol import create_trainer
+    from agentgym.training.zero_stage import STATE_FILE, TRAINER_STATE, checkpoint_stages, resolve_zero_stage
+
+    assert TrainerConfig().zero_stage == "auto"
+    assert resolve_zero_stage(TrainerConfig()).zero_stage == 0
+    assert resolve_zero_stage(TrainerConfig(world_size=4)).zero_stage == 2
+    assert resolve_zero_stage(TrainerConfig(zero_stage=1)).zero_stage == 1
+    fresh = _trainer(tiny_path, micro_batch_size=2)
+    assert fresh.cfg.zero_stage == 0 and fresh.engine.zero_optimization_stage() == 0
+
+    weights = tmp_path / "checkpoint"  # an exported checkpoint folder with its trainer state
+    old = _trainer(tiny_path, micro_batch_size=2, zero_stage=2)
+    old.train_on_batch(_batch(512, seed=0), seed=1)
+    old.save_checkpoint(weights / TRAINER_STATE, {"global_step": 1})
+    tag = weights / TRAINER_STATE / CHECKPOINT_TAG
+    assert checkpoint_stages(tag) == {2}
+    assert resolve_zero_stage(tiny_trainer(), weights).zero_stage == 2
+    (tag / STATE_FILE).unlink()  # as written before the stage was recorded
+    assert checkpoint_stages(tag) == {1, 2}
+    assert resolve_zero_stage(tiny_trainer(), weights).zero_stage == 2
+    assert checkpoint_stages(tmp_path / "nothing") == frozenset()
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    resumed = create_trainer(tiny_path, tok, tiny_trainer(micro_batch_size=2), AlgorithmConfig())
+    assert resumed.cfg.zero_stage == 0  # tiny_path holds no trainer state: a fresh run
+    with pytest.raises(ValueError, match=r"written at DeepSpeed ZeRO-2.*trainer.zero_stage: 2"):
+        resumed.load_checkpoint(weights / TRAINER_STATE)
+    for f in Path(tiny_path).iterdir():  # the weights beside the trainer state, as an export has them
+        if f.is_file() and not (weights / f.name).exists():
+            (weights / f.name).write_bytes(f.read_bytes())
+    auto = create_trainer(weights, tok, tiny_trainer(micro_batch_size=2), AlgorithmConfig())
+    assert auto.cfg.zero_stage == 2
+    assert auto.load_checkpoint(weights / TRAINER_STATE) == {"global_step": 1}
 
 
 def test_lr_schedule_counts_optimizer_steps_not_micro_batches(tiny_path):
