@@ -39,8 +39,9 @@ and Qwen2.5-1.5B shapes (``Qwen2Config`` built here: nothing is downloaded), in 
   ``update_throughput.TRL_PINS``. Where TRL cannot be imported (its wheels were not carried to
   the device), the script says so, records why, and skips it.
 
-Every stage's work is derived from the model shape (``Shape``), and stated here so a reader can
-redo it:
+Every stage's work is derived from the model shape (``ModelShape`` and ``forward_flops`` of
+``bench/roofline.py``, the one FLOP/byte model of the bench scripts), and stated here so a reader
+can redo it:
 
 * FLOPs (model FLOPs, useful tokens only, pads not counted): 2 x the matmul weights per token fed
   (q, k, v, o, gate, up, down; biases and norms not counted), the LM head (2 x hidden x vocab)
@@ -49,11 +50,12 @@ redo it:
   per (query, key) pair per layer (QK^T and AV), counting only the keys a token attends to
   (causal prefix, its candidate-tree ancestors). The update is 3 x its forward (backward = 2 x).
 * Bytes (a lower bound: activations and logits not counted): each forward pass reads every
-  weight once (the tied embedding once, as the LM head) and reads the KV cache it attends to
-  from memory (decode: the whole context of every row at every step; prefill and tree scoring:
-  the cached prefix) and writes the new keys/values. The update reads the weights 3 x per
-  micro-batch (forward, backward, gradient write) and AdamW moves 30 bytes per parameter per
-  step (bf16: read fp32 master, grad, m, v; write master, m, v; write the bf16 copy; fp32: 28).
+  matmul weight once (the tied embedding once, as the LM head; norms and biases not counted)
+  and reads the KV cache it attends to from memory (decode: the whole context of every row at
+  every step; prefill and tree scoring: the cached prefix) and writes the new keys/values. The
+  update reads the weights 3 x per micro-batch (forward, backward, gradient write) and AdamW
+  moves 30 bytes per parameter per step (bf16: read fp32 master, grad, m, v; write master, m, v;
+  write the bf16 copy; fp32: 28).
 * Each pass's roofline time is max(FLOPs / peak FLOP/s, bytes / peak bandwidth); a stage's is
   the sum over its passes (prefill, every decode step, every scoring chunk, every micro-batch).
   Columns: MFU = achieved FLOP/s / measured matmul peak; BW share = achieved bytes/s / measured
@@ -105,6 +107,7 @@ for _p in (str(HERE), str(ROOT)):  # results_io, update_throughput; agentgym whe
         sys.path.insert(0, _p)
 
 import results_io  # noqa: E402
+from roofline import ModelShape, causal_pairs, forward_flops, tree_depths  # noqa: E402  the FLOP/byte model
 
 BENCH = "gpu_throughput"
 #: the published shapes (Qwen/Qwen2.5-0.5B and -1.5B config.json: both tie the embeddings)
@@ -217,61 +220,16 @@ class Budget:
 
 # -- the model's work ------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Shape:
-    """A Qwen2 decoder's sizes and the FLOPs / bytes of its passes (the module docstring's rules)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    inter: int
-    vocab: int
-    tied: bool
-    dtype_bytes: int
-
-    @classmethod
-    def of(cls, config: Any, dtype_bytes: int) -> "Shape":
-        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-                   config.num_key_value_heads, config.intermediate_size, config.vocab_size,
-                   bool(config.tie_word_embeddings), dtype_bytes)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def body_matmul(self) -> int:
-        """Matmul weights of the decoder layers (q, k, v, o, gate, up, down)."""
-        kv = self.kv_heads * self.head_dim
-        return self.layers * (2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.inter)
-
-    @property
-    def head_params(self) -> int:
-        return self.vocab * self.hidden
-
-    def params(self) -> int:
-        """All parameters (biases and norms included), as the model counts them."""
-        kv = self.kv_heads * self.head_dim
-        per_layer = (2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.inter
-                     + self.hidden + 2 * kv + 2 * self.hidden)
-        return self.layers * per_layer + self.hidden + self.head_params * (1 if self.tied else 2)
-
-    def weight_bytes(self) -> int:
-        """What one forward pass reads of the weights (the tied matrix once, as the LM head)."""
-        return (self.body_matmul + self.head_params) * self.dtype_bytes
-
-    def kv_bytes(self, tokens: float) -> float:
-        return tokens * self.layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
-
-    def fwd_flops(self, tokens: float, logits: float, pairs: float) -> float:
-        """``tokens`` fed, ``logits`` positions through the LM head, ``pairs`` (query, key) pairs per layer."""
-        return 2 * self.body_matmul * tokens + 2 * self.head_params * logits + 4 * self.hidden * self.layers * pairs
+def fwd_flops(shape: ModelShape, tokens: int, logits: int, pairs: int) -> float:
+    """One forward's FLOPs (``roofline.forward_flops``): ``tokens`` fed, ``logits`` positions through
+    the LM head, ``pairs`` (query, key) pairs per layer."""
+    return sum(forward_flops(shape, tokens, pairs, logits).values())
 
 
-def causal_pairs(new: int, cached: int) -> int:
-    """(query, key) pairs of ``new`` tokens after ``cached`` ones, each seeing itself and all before."""
-    return new * cached + new * (new + 1) // 2
+def weight_bytes(shape: ModelShape) -> int:
+    """What one forward pass reads of the weights here: the matmul weights, the tied matrix once as
+    the LM head (norms and biases not counted, unlike ``ModelShape.weight_bytes``)."""
+    return shape.matmul_params * shape.dtype_bytes
 
 
 @dataclass
@@ -379,7 +337,7 @@ def tokenizer_folder() -> Path:
     return tiny_model_path()
 
 
-def build_model(name: str, tok: Any, device: Any, dtype: Any, seed: int, folder: Path) -> tuple[Any, Shape]:
+def build_model(name: str, tok: Any, device: Any, dtype: Any, seed: int, folder: Path) -> tuple[Any, ModelShape]:
     """A randomly initialised Qwen2 model of shape ``name`` on ``device`` in ``dtype``, also saved
     (with the tokenizer) to ``folder`` for the trainer, which loads a folder."""
     import torch
@@ -396,7 +354,7 @@ def build_model(name: str, tok: Any, device: Any, dtype: Any, seed: int, folder:
     model.to(dtype).eval()
     model.save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
-    return model, Shape.of(cfg, torch.finfo(dtype).bits // 8)
+    return model, ModelShape.from_config(cfg, dtype_bytes=torch.finfo(dtype).bits // 8)
 
 
 def random_ids(g: Any, rows: int, length: int, vocab: int) -> list[list[int]]:
@@ -440,7 +398,7 @@ def stage_row(model: str, stage: str, tokens: int, times: list[float], passes: l
             "bound": bound, "roofline_share": roof_s / s, "reps": len(times), **extra}
 
 
-def run_rollout(name: str, model: Any, tok: Any, shape: Shape, args, device, roof: dict, budget: Budget,
+def run_rollout(name: str, model: Any, tok: Any, shape: ModelShape, args, device, roof: dict, budget: Budget,
                 share: float, repeats: list[dict]) -> list[dict[str, Any]]:
     """generate (prefill, decode, whole) and choose over a kept cache; rows of the table."""
     import torch
@@ -451,7 +409,7 @@ def run_rollout(name: str, model: Any, tok: Any, shape: Shape, args, device, roo
     engine = HFEngine(model, tok)
     g = torch.Generator().manual_seed(args.seed + 1)
     rows_out: list[dict[str, Any]] = []
-    w = shape.weight_bytes()
+    w = weight_bytes(shape)
 
     # generate: the prefill alone (1 new token), then the whole call
     B, P, D = args.gen_rows, args.gen_prompt, args.gen_new
@@ -474,10 +432,11 @@ def run_rollout(name: str, model: Any, tok: Any, shape: Shape, args, device, roo
         repeats += [{"model": name, "stage": "prefill", "rep": r, "s": t_pre[-1]},
                     {"model": name, "stage": "generate", "rep": r, "s": t_gen[-1]}]
     log(f"{name}: generate {B} x ({P} + {D}) tokens: {_median(t_gen):.3f} s, prefill {_median(t_pre):.3f} s ({n} reps)")
-    pre = Pass(shape.fwd_flops(B * P, B, B * causal_pairs(P, 0)), w + shape.kv_bytes(B * P))
+    pre = Pass(fwd_flops(shape, B * P, B, B * causal_pairs(P, 0)), w + B * P * shape.kv_bytes_per_token)
     # decode step k = 1..D-1 feeds sampled token k: it attends the P + k - 1 tokens before it and
     # itself, reads their keys/values from the cache and writes its own
-    steps = [Pass(shape.fwd_flops(B, B, B * (P + k)), w + shape.kv_bytes(B * (P + k))) for k in range(1, D)]
+    steps = [Pass(fwd_flops(shape, B, B, B * (P + k)), w + B * (P + k) * shape.kv_bytes_per_token)
+             for k in range(1, D)]
     rows_out.append(stage_row(name, "generate: prefill", B * P, t_pre, [pre], roof))
     t_dec = [max(a - b, 1e-9) for a, b in zip(t_gen, t_pre)]
     rows_out.append(stage_row(name, "generate: decode", B * (D - 1), t_dec, steps, roof,
@@ -521,7 +480,7 @@ def run_rollout(name: str, model: Any, tok: Any, shape: Shape, args, device, roo
         log(f"warning: choose prefilled {prefilled} tokens, expected {expected} (observations + trees): "
             "the kept cache was not used as planned")
     ctx = P + E
-    passes = [Pass(shape.fwd_flops(B * E, B, B * causal_pairs(E, P)), w + shape.kv_bytes(B * (P + E)))]
+    passes = [Pass(fwd_flops(shape, B * E, B, B * causal_pairs(E, P)), w + B * (P + E) * shape.kv_bytes_per_token)]
     # the scoring forwards, grouped and chunked as HFEngine._candidate_logprobs does
     for group in length_groups(sizes, engine.max_padding):
         t_max = sizes[group[0]]
@@ -531,15 +490,9 @@ def run_rollout(name: str, model: Any, tok: Any, shape: Shape, args, device, roo
         for a in range(0, len(group), step):
             chunk = group[a:a + step]
             nodes = sum(sizes[i] for i in chunk)
-            depth_sum = 0
-            for i in chunk:
-                _, parents, _ = trees[i]
-                depth = [0] * len(parents)
-                for j, par in enumerate(parents):
-                    depth[j] = depth[par] + 1 if par >= 0 else 1
-                depth_sum += sum(depth)
-            passes.append(Pass(shape.fwd_flops(nodes, nodes, nodes * ctx + depth_sum),
-                               w + shape.kv_bytes(len(chunk) * ctx + nodes)))
+            depth_sum = sum(sum(tree_depths(trees[i][1])) for i in chunk)
+            passes.append(Pass(fwd_flops(shape, nodes, nodes, nodes * ctx + depth_sum),
+                               w + (len(chunk) * ctx + nodes) * shape.kv_bytes_per_token))
     log(f"{name}: choose {B} rows x {K} candidates ({sum(sizes)} tree nodes) after {P} + {E} tokens: "
         f"{_median(t_ch):.3f} s ({n} reps)")
     rows_out.append(stage_row(name, "choose (turn, kept cache)", expected, t_ch, passes, roof,
@@ -549,7 +502,7 @@ def run_rollout(name: str, model: Any, tok: Any, shape: Shape, args, device, roo
     return rows_out
 
 
-def update_batch(shape: Shape, args, pad_id: int) -> Any:
+def update_batch(shape: ModelShape, args, pad_id: int) -> Any:
     import torch
 
     from agentgym.training.batch import TrainBatch
@@ -565,18 +518,18 @@ def update_batch(shape: Shape, args, pad_id: int) -> Any:
     return TrainBatch.from_rows(rows, pad_id)
 
 
-def update_passes(shape: Shape, args, adam_bytes: int) -> list[Pass]:
+def update_passes(shape: ModelShape, args, adam_bytes: int) -> list[Pass]:
     T = args.prompt + args.completion
     passes = []
     for _ in range(args.rows // args.micro):
         m = args.micro
-        passes.append(Pass(3 * shape.fwd_flops(m * T, m * args.completion, m * causal_pairs(T, 0)),
-                           3 * shape.weight_bytes()))
-    passes.append(Pass(0.0, shape.params() * adam_bytes))
+        passes.append(Pass(3 * fwd_flops(shape, m * T, m * args.completion, m * causal_pairs(T, 0)),
+                           3 * weight_bytes(shape)))
+    passes.append(Pass(0.0, shape.params * adam_bytes))
     return passes
 
 
-def run_update(name: str, folder: Path, tok: Any, shape: Shape, args, device, roof: dict, budget: Budget,
+def run_update(name: str, folder: Path, tok: Any, shape: ModelShape, args, device, roof: dict, budget: Budget,
                share: float, repeats: list[dict], bf16: bool) -> tuple[dict[str, Any], Any]:
     """One GRPO step of PolicyTrainer (as bench/update_throughput.py's ``ours``); the row and the batch."""
     import torch
@@ -634,7 +587,7 @@ def trl_available() -> tuple[bool, str]:
 _DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def run_trl(name: str, folder: Path, batch: Any, shape: Shape, args, device, roof: dict, budget: Budget,
+def run_trl(name: str, folder: Path, batch: Any, shape: ModelShape, args, device, roof: dict, budget: Budget,
             share: float, repeats: list[dict], bf16: bool) -> dict[str, Any]:
     """TRL GRPOTrainer's update step on the same batch and model, in a child process (``trl_child``):
     its own CUDA context and memory, no DeepSpeed process group."""
@@ -835,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         return run.write(repeats, summary, tag=tag)
 
     for mi, name in enumerate(models):
-        params = Shape.of(_config_only(name, tok), 2).params()
+        params = ModelShape.from_config(_config_only(name, tok)).params
         if costs:  # the least this model costs: the previous model's set-up, warm-ups and first repeats, scaled
             prev_s, prev_p = list(costs.values())[-1]
             estimate = prev_s * params / prev_p
@@ -853,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="gpu_throughput-") as d:
             folder = Path(d)
             t_build, (model, shape) = timed(lambda: build_model(name, tok, device, dtype, args.seed, folder), device)
-            log(f"{name}: {shape.params() / 1e6:.1f} M parameters, built and saved in {t_build:.1f} s")
+            log(f"{name}: {shape.params / 1e6:.1f} M parameters, built and saved in {t_build:.1f} s")
             rows += run_rollout(name, model, tok, shape, args, device, roof, budget, 2 * share, repeats)
             del model
             gc.collect()

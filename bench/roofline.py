@@ -163,9 +163,11 @@ class ModelShape:
     tied: bool = True
     #: biases on q, k, v (Qwen2 always; Llama where ``attention_bias``): parameters, no matmul FLOPs
     qkv_bias: bool = False
+    #: bytes per weight and per cached key/value element: fp32 here; gpu_throughput.py runs bf16 (2)
+    dtype_bytes: int = BYTES
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "ModelShape":
+    def from_config(cls, cfg: Any, dtype_bytes: int = BYTES) -> "ModelShape":
         heads = cfg.num_attention_heads
         bias = getattr(cfg, "attention_bias", None)
         return cls(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=heads,
@@ -173,7 +175,8 @@ class ModelShape:
                    head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
                    intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
                    tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-                   qkv_bias=bool(bias) if bias is not None else getattr(cfg, "model_type", "") == "qwen2")
+                   qkv_bias=bool(bias) if bias is not None else getattr(cfg, "model_type", "") == "qwen2",
+                   dtype_bytes=dtype_bytes)
 
     @property
     def layer_matmul_params(self) -> int:
@@ -198,19 +201,25 @@ class ModelShape:
         return self.layers * self.layer_matmul_params + self.head_params
 
     @property
+    def params(self) -> int:
+        """Every parameter, as the model counts them: the layers, the final norm, the embedding and,
+        when untied, the LM head as a second matrix."""
+        return self.layers * self.layer_params + self.hidden + self.head_params * (1 if self.tied else 2)
+
+    @property
     def attn_flops_per_pair(self) -> int:
         """QK^T and AV: 2 x head_dim each, per head, per (query, visible key) pair, one layer."""
         return 4 * self.heads * self.head_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Keys and values of one position in every layer (fp32)."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * BYTES
+        """Keys and values of one position in every layer (``dtype_bytes`` each)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def weight_bytes(self) -> int:
         """What one forward pass reads of the weights: the layers, the final norm, the LM head."""
-        return BYTES * (self.layers * self.layer_params + self.hidden + self.head_params)
+        return self.dtype_bytes * (self.layers * self.layer_params + self.hidden + self.head_params)
 
 
 def causal_pairs(new: int, cached: int = 0) -> int:
@@ -340,7 +349,7 @@ def update_cost(m: ModelShape, seq_lens: list[int], policy_tokens: int, micro_ba
     c.flops["backward_attention"] = 2 * bwd_layers["attention"]
     c.flops["backward_lm_head"] = head_grads * fwd["lm_head"]
     n_train = trained_params(m, train_layers)
-    bwd_weights = BYTES * (k * m.layer_params + m.hidden + m.head_params)  # the layers that pass gradients on
+    bwd_weights = m.dtype_bytes * (k * m.layer_params + m.hidden + m.head_params)  # the layers that pass gradients on
     c.bytes = {"weights_forward": float(micro_batches * m.weight_bytes),
                "weights_backward": float(micro_batches * bwd_weights),
                "grad_accumulate": float(micro_batches * 2 * BYTES * n_train),

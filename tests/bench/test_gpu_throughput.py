@@ -22,8 +22,9 @@ STAGES = {"generate: prefill", "generate: decode", "generate (whole call)", "cho
 
 @pytest.mark.parametrize("name,published,head_dim", [("0.5b", 494_032_768, 64), ("1.5b", 1_543_714_304, 128)])
 def test_shapes_count_the_models_parameters(name, published, head_dim):
-    """Shape.params() = the parameters of the Qwen2 model built from the config (on the meta device:
-    no memory), and the published Qwen2.5 sizes (0.49B, 1.54B; embeddings tied)."""
+    """ModelShape.params (bench/roofline.py's, which gpu_throughput uses) = the parameters of the Qwen2
+    model built from the config (on the meta device: no memory), and the published Qwen2.5 sizes
+    (0.49B, 1.54B; embeddings tied)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -31,21 +32,25 @@ def test_shapes_count_the_models_parameters(name, published, head_dim):
     with torch.device("meta"):
         model = Qwen2ForCausalLM(cfg)
     counted = sum(p.numel() for p in model.parameters())  # tied: the embedding once
-    shape = gt.Shape.of(cfg, 2)
-    assert shape.params() == counted == published
-    assert shape.head_dim == head_dim
+    shape = gt.ModelShape.from_config(cfg, dtype_bytes=2)
+    assert shape.params == counted == published
+    assert shape.head_dim == head_dim and shape.qkv_bias and shape.dtype_bytes == 2
     # one forward pass reads the matmul weights and the (tied) embedding as LM head, once
-    assert shape.weight_bytes() == 2 * (shape.body_matmul + shape.head_params)
-    assert shape.params() - shape.body_matmul - shape.head_params < 0.01 * shape.params()  # biases, norms
+    body = shape.layers * shape.layer_matmul_params
+    assert gt.weight_bytes(shape) == 2 * (body + shape.head_params)
+    assert shape.params - body - shape.head_params < 0.01 * shape.params  # biases, norms
 
 
 def test_flops_and_bytes_follow_the_stated_rules():
-    s = gt.Shape(layers=2, hidden=8, heads=2, kv_heads=1, inter=16, vocab=100, tied=True, dtype_bytes=2)
+    s = gt.ModelShape(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=100, tied=True,
+                      dtype_bytes=2)
     # per layer q, o: 8x8; k, v: 8x4; gate, up, down: 8x16
-    assert s.body_matmul == 2 * (2 * 64 + 2 * 32 + 3 * 128)
-    assert s.fwd_flops(tokens=3, logits=1, pairs=0) == 2 * s.body_matmul * 3 + 2 * 800
-    assert s.fwd_flops(tokens=0, logits=0, pairs=5) == 4 * 8 * 2 * 5  # QK^T and AV, every layer
-    assert s.kv_bytes(10) == 10 * 2 * 2 * 1 * 4 * 2  # tokens x layers x (K, V) x kv heads x head dim x bytes
+    body = s.layers * s.layer_matmul_params
+    assert body == 2 * (2 * 64 + 2 * 32 + 3 * 128)
+    assert gt.fwd_flops(s, tokens=3, logits=1, pairs=0) == 2 * body * 3 + 2 * 800
+    assert gt.fwd_flops(s, tokens=0, logits=0, pairs=5) == 4 * 8 * 2 * 5  # QK^T and AV, every layer
+    # tokens x layers x (K, V) x kv heads x head dim x bytes
+    assert 10 * s.kv_bytes_per_token == 10 * 2 * 2 * 1 * 4 * 2
     for new in range(5):
         for cached in range(4):
             brute = sum(cached + i + 1 for i in range(new))  # each token sees the cache, those before, itself
