@@ -117,6 +117,17 @@ class PadTokenSource(Protocol):
     def pad_token_id(self) -> int | None: ...
 
 
+def _unreported_grad_norm(engine: Any) -> float | None:
+    """The gradient norm before clipping, where DeepSpeed will not report it: at ZeRO-0 in fp32
+    it clips through ``clip_grad_norm_`` and drops the norm (``get_global_grad_norm()`` stays None;
+    its ZeRO and bf16 optimizers keep theirs). None where DeepSpeed reports it. Call before
+    ``engine.step()``. The gradients are all-reduced by then, so the local norm is the global one."""
+    if engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled():
+        return None
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
 class PolicyTrainer:
     """A DeepSpeed engine over the policy, plus a frozen reference model when KL is used and a
     critic (a second engine, or a value head in the policy's) for estimator gae."""
@@ -716,15 +727,17 @@ class PolicyTrainer:
                 for key, values in step_history.items():
                     history.setdefault(key, []).extend(values)
                 lr = float(self.optimizer.param_groups[0]["lr"])
+                unreported = _unreported_grad_norm(self.engine)
                 self.engine.step()
                 step_losses.append(step_loss)
-                gn = self.engine.get_global_grad_norm()
+                gn = self.engine.get_global_grad_norm() if unreported is None else unreported
                 if gn is not None:
                     history.setdefault("grad_norm", []).append(float(gn))
                 if critic is not None:
+                    unreported = _unreported_grad_norm(critic)
                     critic.step()
                     self.critic_steps += 1
-                    cgn = critic.get_global_grad_norm()
+                    cgn = critic.get_global_grad_norm() if unreported is None else unreported
                     if cgn is not None:
                         history.setdefault("critic_grad_norm", []).append(float(cgn))
                 steps += 1

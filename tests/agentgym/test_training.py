@@ -96,6 +96,21 @@ def test_zero_stages_agree(tiny_path, stage):
     assert_same_gradient(want, got, f"ZeRO-{stage} vs ZeRO-0")
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_grad_norm_is_reported_at_every_stage(tiny_path, bf16):
+    """DeepSpeed drops the norm at ZeRO-0 in fp32 (the trainer computes it); every stage reports
+    the same pre-clip norm of the same gradient, and it is the norm of the recorded gradient."""
+    norms = {}
+    for stage in (0, 2):
+        # no clipping, so the gradient AdamW sees is the one whose norm is reported
+        tr = _trainer(tiny_path, micro_batch_size=4, zero_stage=stage, bf16=bf16, grad_clip=1e6)
+        with OptimizerSteps() as steps:
+            norms[stage] = tr.train_on_batch(_batch(512))["grad_norm"]
+        if not bf16:
+            assert norms[stage] == pytest.approx(float(steps.records[0]["grad"].norm()), rel=1e-5)
+    assert norms[0] == pytest.approx(norms[2], rel=1e-5) and norms[0] > 0
+
+
 def test_kl_to_reference_is_reported(tiny_path):
     tr = _trainer(tiny_path, micro_batch_size=4, algo={"kl_coef": 0.1, "ppo_epochs": 2})
     initial = _params(tr)
