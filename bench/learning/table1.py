@@ -327,11 +327,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     ``docs/results/table1/probes/<env>.json``."""
     from mlflow.tracking import MlflowClient
 
-    rid = f"table1-probe-{args.env}"
+    import hashlib
+
     horizon = max(s.horizon for s in load_cfg(args.env).stages)
     sets = [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{args.env}",
             f'schedule.stages=[{{"horizon": {horizon}, "iterations": {args.iterations}}}]',
             "heldout.enabled=false", "sft.enabled=false", "tracking.checkpoint_every=0"] + list(args.set or [])
+    # a probe of a changed config (or other --set) is a new run, not a resume of the last probe's
+    digest = hashlib.sha256("\n".join([config_path(args.env).read_text(), *sets]).encode()).hexdigest()[:8]
+    rid = f"table1-probe-{args.env}-{digest}"
     record = results_io.Run("table1-probe", {"env": args.env, "horizon": horizon, "iterations": args.iterations,
                                              "overrides": sets})
     t0 = time.perf_counter()
