@@ -66,7 +66,9 @@ RL_ROWS = ("scaling", "long")
 ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-135M-Instruct",
               "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
 RANDOM_SEEDS = 10
-#: RL iterations per stage of the config's own stages, sized so one run (its final held-out
+#: RL iterations per stage of the config's own stages (to re-size from the constrained recipe's
+#: probes: the estimates below are the free-text configs', 8 episodes an iteration, no update),
+#: sized so one run (its final held-out
 #: evaluation included) takes <= ~40 min on the idle 2-core machine: estimates from the one-iteration
 #: probes (docs/results/table1/probes/: 0.6-3.1 min of rollout at the longest horizon, no update for
 #: the free-text configs, whose base model gets no reward; MiniWoB 1.5 + 1.7 min) and the held-out
