@@ -600,10 +600,11 @@ class TrainerConfig(_Strict):
         "NonFiniteTrainingError (the count restarts at the next applied step).")
     zero_stage: Literal[0, 1, 2, 3, "auto"] = Field(
         "auto",
-        description="DeepSpeed ZeRO stage. auto: 0 with one training rank (nothing to partition, and "
-        "ZeRO-1/2's gradient copies slow an all-layer update: bench/README.md section 4), 2 with "
-        "several; a resumed run keeps the stage its checkpoint was written at (DeepSpeed cannot "
-        "load another stage's optimizer state).")
+        description="DeepSpeed ZeRO stage. auto: 0 with one training rank in fp32 (nothing to "
+        "partition, and ZeRO-1/2's gradient copies slow an all-layer update: bench/README.md section "
+        "4), else 2 (bf16 at ZeRO-0 is another DeepSpeed optimizer, not yet shown to give the "
+        "quickstart's result); a resumed run keeps the stage its checkpoint was written at "
+        "(DeepSpeed cannot load another stage's optimizer state).")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
     world_size: int = Field(
         1, ge=1,

@@ -274,8 +274,9 @@ def test_auto_zero_stage_is_0_for_one_rank_and_follows_a_resumed_checkpoint(tmp_
     from agentgym.training.zero_stage import STATE_FILE, TRAINER_STATE, checkpoint_stages, resolve_zero_stage
 
     assert TrainerConfig().zero_stage == "auto"
-    assert resolve_zero_stage(TrainerConfig()).zero_stage == 0
-    assert resolve_zero_stage(TrainerConfig(world_size=4)).zero_stage == 2
+    assert resolve_zero_stage(TrainerConfig(bf16=False)).zero_stage == 0
+    assert resolve_zero_stage(TrainerConfig(bf16=True)).zero_stage == 2
+    assert resolve_zero_stage(TrainerConfig(bf16=False, world_size=4)).zero_stage == 2
     assert resolve_zero_stage(TrainerConfig(zero_stage=1)).zero_stage == 1
     fresh = _trainer(tiny_path, micro_batch_size=2)
     assert fresh.cfg.zero_stage == 0 and fresh.engine.zero_optimization_stage() == 0
