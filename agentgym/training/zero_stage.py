@@ -27,7 +27,8 @@ def default_stage(world_size: int, bf16: bool) -> int:
     """auto's stage for a fresh run: 0 for one rank training in fp32, else 2. In bf16 DeepSpeed's
     ZeRO-0 steps through another optimizer (``BF16_Optimizer``) than ZeRO-2's, and the quickstart
     (bf16 where the CPU has it) reached 0.656 held-out with it against 0.750 at ZeRO-2 in one seed-0
-    run each: not understood yet, so bf16 keeps the stage its results were measured at."""
+    run each (ZeRO-2 re-run under this rule: 0.750 again): not understood yet, so bf16 keeps the
+    stage its results were measured at."""
     return 0 if world_size == 1 and not bf16 else 2
 
 
