@@ -306,8 +306,8 @@ class RolloutConfig(_Strict):
         "no gradient, never clipped); the episode stores the turn's candidates (episodes."
         "action_candidates) and the trainer recomputes Z under the current weights, with its "
         "gradient, by scoring the candidates in the same forward as the conversation (a token tree "
-        "per turn). Costs the candidates' distinct tokens as extra forward/backward tokens (x1.38 an "
-        "update on the quickstart). Needs constrain_actions. On the quickstart's BabyAI recipe (3 "
+        "per turn). Costs the candidates' distinct tokens as extra forward/backward tokens "
+        "(docs/architecture.md has the measured cost). Needs constrain_actions. On the quickstart's BabyAI recipe (3 "
         "seeds each) it was level with policy within a wide interval, so policy stays the default "
         "(docs/results.md).",
     )

@@ -28,7 +28,6 @@ from agentgym.training.zero_stage import TRAINER_STATE  # the checkpoint's DeepS
 from tasks.runtime import drop_session, get_session
 
 
-
 @task(name="restore_policy", task_run_name="restore_policy[{run_id}]", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def restore_policy(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     """Load the run's latest checkpoint (if any) into the session; returns where to resume.

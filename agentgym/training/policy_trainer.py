@@ -52,13 +52,12 @@ from agentgym.training.finite import FiniteWatch, NonFiniteTrainingError
 from agentgym.training.forward import LogprobModel, ValueModel, token_logprobs
 from agentgym.training.dist_env import init_single_process_dist
 from agentgym.training.seeding import rng_state, seed_everything, set_rng_state
-from agentgym.training.zero_stage import STATE_FILE, checkpoint_stages, resolve_zero_stage
+from agentgym.training.zero_stage import CHECKPOINT_TAG, STATE_FILE, checkpoint_stages, resolve_zero_stage
 from agentgym.training.value_head import CRITIC_DIR, VALUE_HEAD_FILE, load_value_head, new_value_head, read_critic_folder
 
 if TYPE_CHECKING:
     from agentgym.training.forward import Policy
 
-CHECKPOINT_TAG = "ds"  # DeepSpeed's tag (subfolder) inside a checkpoint folder
 log = logging.getLogger(__name__)
 # what a full disk during an export or checkpoint asks the user to do
 _NO_SPACE_FIX = ("free space on that disk (a checkpoint is written under TMPDIR, then copied to "
@@ -418,9 +417,7 @@ class PolicyTrainer:
             self.critic_engine.save_checkpoint(str(ckpt / CRITIC_DIR), tag=CHECKPOINT_TAG)
         torch.save(rng_state(), ckpt / CHECKPOINT_TAG / f"rng_rank{self.rank}.pt")
         if self.rank == 0:  # what a resume must build to load it (zero_stage.checkpoint_stages)
-            (ckpt / CHECKPOINT_TAG / STATE_FILE).write_text(json.dumps(
-                {"zero_stage": self.cfg.zero_stage, "world_size": self.world_size,
-                 "bf16": resolve_bf16(self.cfg.bf16)}))
+            (ckpt / CHECKPOINT_TAG / STATE_FILE).write_text(json.dumps({"zero_stage": self.cfg.zero_stage}))
         torch.distributed.barrier()
         return ckpt
 

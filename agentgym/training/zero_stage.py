@@ -1,11 +1,10 @@
 """Which DeepSpeed ZeRO stage a trainer runs (``trainer.zero_stage: auto``), and which stage a
 trainer checkpoint was written at.
 
-One rank has nothing to partition, and ZeRO-1/2 still copy every gradient into their flat
-partition buffers: on the 2-core CPU that is 27 % of an all-layer SmolLM2 update
-(bench/results/roofline-idle-2t.json's profile) and ZeRO-0 trains all layers 1.39x faster
-(bench/results/update_throughput-smollm2-all{,-zero0}.json, bench/README.md section 4). So auto is
-ZeRO-0 for one rank in fp32 and ZeRO-2 otherwise (``default_stage`` says why bf16 keeps 2). DeepSpeed cannot load a checkpoint written at another
+One rank has nothing to partition, yet ZeRO-1/2 still copy every gradient into their flat
+partition buffers, a large share of an all-layer update on a CPU (bench/README.md sections 4 and
+13 have the measurements). So auto is ZeRO-0 for one rank in fp32 and ZeRO-2 otherwise
+(``default_stage`` says why bf16 keeps 2). DeepSpeed cannot load a checkpoint written at another
 stage (its optimizer state has another layout), so auto follows the stage of the checkpoint a run
 resumes from, and ``PolicyTrainer.load_checkpoint`` refuses a mismatch with the fix.
 """
@@ -16,9 +15,12 @@ import json
 from pathlib import Path
 
 from agentgym.config import TrainerConfig
+from agentgym.models.hardware import resolve_bf16
 
 #: the sub-folder of an exported checkpoint folder that holds the trainer (DeepSpeed) state
 TRAINER_STATE = "trainer_state"
+#: DeepSpeed's tag (subfolder) inside a trainer checkpoint folder
+CHECKPOINT_TAG = "ds"
 #: written beside DeepSpeed's files in a checkpoint's tag folder
 STATE_FILE = "agentgym_trainer.json"
 
@@ -26,9 +28,8 @@ STATE_FILE = "agentgym_trainer.json"
 def default_stage(world_size: int, bf16: bool) -> int:
     """auto's stage for a fresh run: 0 for one rank training in fp32, else 2. In bf16 DeepSpeed's
     ZeRO-0 steps through another optimizer (``BF16_Optimizer``) than ZeRO-2's, and the quickstart
-    (bf16 where the CPU has it) reached 0.656 held-out with it against 0.750 at ZeRO-2 in one seed-0
-    run each (ZeRO-2 re-run under this rule: 0.750 again): not understood yet, so bf16 keeps the
-    stage its results were measured at."""
+    (bf16 where the CPU has it) ended lower with it (bench/README.md section 4); until that is
+    understood, bf16 keeps the stage its results were measured at."""
     return 0 if world_size == 1 and not bf16 else 2
 
 
@@ -56,12 +57,8 @@ def resolve_zero_stage(trainer: TrainerConfig, weights: str | Path | None = None
     there is one, else ``default_stage``."""
     if trainer.zero_stage != "auto":
         return trainer
-    from agentgym.models.hardware import resolve_bf16
-
     stage = default_stage(trainer.world_size, resolve_bf16(trainer.bf16))
     if weights is not None:
-        from agentgym.training.policy_trainer import CHECKPOINT_TAG
-
         written = checkpoint_stages(Path(weights) / TRAINER_STATE / CHECKPOINT_TAG)
         if written and stage not in written:
             stage = max(written)

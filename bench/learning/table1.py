@@ -41,6 +41,7 @@ those files, so the table outlives the machine; intervals are ``bootstrap.mean_i
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import subprocess
@@ -66,14 +67,11 @@ RL_ROWS = ("scaling", "long")
 ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-135M-Instruct",
               "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
 RANDOM_SEEDS = 10
-#: RL iterations per stage of the config's own stages (to re-size from the constrained recipe's
-#: probes: the estimates below are the free-text configs', 8 episodes an iteration, no update),
-#: sized so one run (its final held-out
-#: evaluation included) takes <= ~40 min on the idle 2-core machine: estimates from the one-iteration
-#: probes (docs/results/table1/probes/: 0.6-3.1 min of rollout at the longest horizon, no update for
-#: the free-text configs, whose base model gets no reward; MiniWoB 1.5 + 1.7 min) and the held-out
-#: evaluations' minutes; an update of all 30 layers on 8 episodes should add about a minute. SciWorld's
-#: probe had not finished its one iteration at horizon 24 after 9 min (stopped): 2 per stage.
+#: RL iterations per stage of the config's own stages, meant to keep one run (its final held-out
+#: evaluation included) <= ~40 min on the idle 2-core machine. These are estimates from the
+#: free-text configs' one-iteration probes (docs/results.md, "Table 1 at our scale": 8 episodes an
+#: iteration, no update); re-size them from the constrained recipe's probes (4x the episodes, with
+#: updates) before the first RL run. SciWorld's probe had not finished one iteration at horizon 24.
 ITERATIONS_PER_STAGE = {"babyai": 10, "textcraft": 8, "sciworld": 2, "deepsearch": 6, "miniwob": 8,
                         "textworld_express": 8, "mixed": 8}
 #: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
@@ -328,8 +326,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
     ``rollout_seconds``, ``update_seconds``) and what it played. Its record:
     ``docs/results/table1/probes/<env>.json``."""
     from mlflow.tracking import MlflowClient
-
-    import hashlib
 
     horizon = max(s.horizon for s in load_cfg(args.env).stages)
     sets = [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{args.env}",
