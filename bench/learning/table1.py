@@ -68,12 +68,14 @@ ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-
               "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
 RANDOM_SEEDS = 10
 #: RL iterations per stage of the config's own stages, meant to keep one run (its final held-out
-#: evaluation included) <= ~40 min on the idle 2-core machine. These are estimates from the
-#: free-text configs' one-iteration probes (docs/results.md, "Table 1 at our scale": 8 episodes an
-#: iteration, no update); re-size them from the constrained recipe's probes (4x the episodes, with
-#: updates) before the first RL run. SciWorld's probe had not finished one iteration at horizon 24.
+#: evaluation included) <= ~40 min on the idle 2-core machine. Sized from the constrained recipe's
+#: one-iteration probes at the longest horizon (docs/results/table1/probes/<env>.json): TWX 4.1 min
+#: an iteration at horizon 12 (rollout 1.5 + update 2.6), less at 4 and 8, so 4 per stage; MiniWoB
+#: 3.7 min at its one horizon under load 5-7, so 8. The others are still the free-text estimates
+#: (their constrained probes earned no reward, so no update was timed): re-size each from a probe
+#: that updates before its first RL run. SciWorld's probe had not finished one iteration at 24.
 ITERATIONS_PER_STAGE = {"babyai": 10, "textcraft": 8, "sciworld": 2, "deepsearch": 6, "miniwob": 8,
-                        "textworld_express": 8, "mixed": 8}
+                        "textworld_express": 4, "mixed": 8}
 #: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
 #: score x 100); the adapter's reward is the running score / 100, the episode keeps its last value
 SCORED = {"sciworld": 100.0}
