@@ -660,6 +660,11 @@ class TrainerConfig(_Strict):
 class StageSpec(_Strict):
     horizon: int = Field(..., ge=1, description="Maximum interaction turns in this stage.")
     iterations: int = Field(..., ge=1, description="RL iterations in this stage.")
+    tasks: dict[str, list[int]] | None = Field(
+        None, description="Training tasks of this stage per environment name, each a subset of that "
+        "environment's envs[].tasks (a task curriculum: easy tasks first, e.g. {babyai: [0, 1, 2]}); "
+        "an environment not named keeps all its tasks.",
+        json_schema_extra=_form_note("Empty (None): every environment's tasks."))
 
 
 class ScheduleConfig(_Strict):
@@ -965,6 +970,7 @@ class PipelineConfig(_Strict):
                 "rollout.async_steps > 0 trains on episodes sampled by an older policy: the PPO ratio "
                 "must be taken against the sampler's log-probs, so set algorithm.recompute_old_logprobs: "
                 "false (or rollout.async_steps: 0)")
+        self._check_stage_tasks()
         if self.heldout.enabled and not any(e.eval_tasks for e in self.envs):
             raise ValueError("heldout.enabled needs eval_tasks on at least one environment; list "
                              "held-out task ids in envs[].eval_tasks or set heldout.enabled: false")
@@ -984,6 +990,23 @@ class PipelineConfig(_Strict):
                     "or set rollout.engine: hf"
                 )
         return self
+
+    def _check_stage_tasks(self) -> None:
+        envs = {e.name: e for e in self.envs}
+        for i, stage in enumerate(self.stages):
+            for name, tasks in (stage.tasks or {}).items():
+                where = f"schedule.stages[{i}].tasks.{name}"
+                if name not in envs:
+                    raise ValueError(f"{where}: no environment named {name!r} in envs "
+                                     f"({sorted(envs)}); name one of them or drop the entry")
+                if not tasks:
+                    raise ValueError(f"{where} is empty; list at least one task or drop the entry "
+                                     "(the environment then keeps all its tasks)")
+                extra = sorted(set(tasks) - set(envs[name].tasks))
+                if extra:
+                    raise ValueError(f"{where} has tasks {extra[:8]} that are not in that environment's "
+                                     "envs[].tasks (a stage trains on a subset of them); add them there or "
+                                     "drop them here")
 
     def _check_vllm_server(self) -> None:
         if self.uses_ray:

@@ -32,7 +32,7 @@ from agentgym.rewards.judge import GroupJudge
 from agentgym.rollout.engines import engine_for
 from agentgym.rollout.engines.base import InferenceEngine
 from agentgym.rollout.loop import EpisodeSpec, RolloutSettings
-from agentgym.schedule import stage_start
+from agentgym.schedule import stage_start, stage_tasks
 from agentgym.store.trajectory_store import TrajectoryStore
 from agentgym.training.batch import TrainBatch
 from agentgym.training.protocol import Trainer, create_trainer
@@ -58,7 +58,9 @@ def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = Fals
     ``tasks_per_iteration`` tasks are split across the environments in proportion to their
     weights (largest remainder, so a mixed batch always holds every environment its share
     allows), then drawn within each environment without replacement while possible; each task
-    is played ``group_size`` times from the same initial state, which GRPO/RLOO compare.
+    is played ``group_size`` times from the same initial state, which GRPO/RLOO compare. In
+    training, an environment named in the stage's ``schedule.stages[].tasks`` draws from that
+    subset (the stage is the global step's); held-out draws always use ``eval_tasks``.
     """
     rng = random.Random(f"{cfg.seed}:{global_step}:{'eval' if eval_split else 'train'}"
                         + (f":draw{draw}" if draw else ""))
@@ -66,6 +68,7 @@ def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = Fals
     if not envs:
         return []
     n = cfg.rollout.tasks_per_iteration if tasks is None else tasks
+    subsets = {} if eval_split else stage_tasks(cfg.stages, global_step)
     total = sum(e.weight for e in envs)
     exact = [n * e.weight / total for e in envs]
     counts = [int(x) for x in exact]
@@ -74,7 +77,7 @@ def plan_episodes(cfg: PipelineConfig, global_step: int, eval_split: bool = Fals
         counts[k] += 1
     picks: list[tuple[int, int]] = []
     for k, count in enumerate(counts):
-        pool = list(envs[k].eval_tasks if eval_split else envs[k].tasks)
+        pool = list(envs[k].eval_tasks if eval_split else subsets.get(envs[k].name, envs[k].tasks))
         while count > 0:
             take = min(count, len(pool))
             picks.extend((k, t) for t in rng.sample(pool, take))

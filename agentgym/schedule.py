@@ -41,3 +41,15 @@ def position(stages: list[StageSpec], global_step: int) -> StagePosition:
             return StagePosition(i, spec.horizon, global_step - start, global_step)
         start += spec.iterations
     raise ValueError(f"global_step {global_step} is past the schedule ({start} steps)")
+
+
+def stage_tasks(stages: list[StageSpec], global_step: int) -> dict[str, list[int]]:
+    """The training-task subsets (``StageSpec.tasks``, per environment name) of ``global_step``'s
+    stage; ``{}`` where the stage names none or the step is past the schedule (every environment
+    keeps all its tasks)."""
+    start = 0
+    for spec in stages:
+        if start <= global_step < start + spec.iterations:
+            return dict(spec.tasks or {})
+        start += spec.iterations
+    return {}

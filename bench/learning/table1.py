@@ -128,12 +128,15 @@ def heldout_horizon(env: str) -> int:
 
 
 def stages(env: str, schedule: str, iterations: int | None = None) -> list[dict[str, int]]:
-    """The RL run's stages: ``scaling`` the config's own horizons with ``iterations`` (default
-    ``ITERATIONS_PER_STAGE[env]``) each; ``long`` one stage at the held-out horizon (the config's
-    last stage's unless it sets ``heldout.horizon``) of ``iterations`` (required)."""
+    """The RL run's stages: ``scaling`` the config's own horizons (and stage task subsets, if any)
+    with ``iterations`` (default ``ITERATIONS_PER_STAGE[env]``) each; ``long`` one stage at the
+    held-out horizon (the config's last stage's unless it sets ``heldout.horizon``) of
+    ``iterations`` (required), on all the training tasks: the fixed-horizon baseline has no
+    curriculum of either kind."""
     if schedule == "scaling":
         n = iterations or ITERATIONS_PER_STAGE[env]
-        return [{"horizon": s.horizon, "iterations": n} for s in load_cfg(env).stages]
+        return [{"horizon": s.horizon, "iterations": n, **({"tasks": s.tasks} if s.tasks else {})}
+                for s in load_cfg(env).stages]
     if schedule == "long":
         if not iterations:
             raise ValueError("the long schedule's iterations come from the scaling run (long_iterations)")
@@ -323,21 +326,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    """Minutes per RL iteration: ``--iterations`` (default 1) iterations at the longest horizon,
-    no held-out evaluation; prints each iteration's rollout and update seconds (MLflow
+    """Minutes per RL iteration: ``--iterations`` (default 1) iterations at the longest horizon
+    (``--stage N``: at stage N's horizon on its training tasks), no held-out evaluation; prints each iteration's rollout and update seconds (MLflow
     ``rollout_seconds``, ``update_seconds``) and what it played. Its record:
     ``docs/results/table1/probes/<env>.json``."""
     from mlflow.tracking import MlflowClient
 
-    horizon = max(s.horizon for s in load_cfg(args.env).stages)
+    cfg_stages = load_cfg(args.env).stages
+    if args.stage is None:
+        horizon, tasks = max(s.horizon for s in cfg_stages), None
+    elif -len(cfg_stages) <= args.stage < len(cfg_stages):
+        horizon, tasks = cfg_stages[args.stage].horizon, cfg_stages[args.stage].tasks
+    else:
+        print(f"--stage {args.stage}: {COLUMNS[args.env]} has {len(cfg_stages)} stages", file=sys.stderr)
+        return 2
+    stage = {"horizon": horizon, "iterations": args.iterations, **({"tasks": tasks} if tasks else {})}
     sets = [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{args.env}",
-            f'schedule.stages=[{{"horizon": {horizon}, "iterations": {args.iterations}}}]',
+            f"schedule.stages={json.dumps([stage])}",
             "heldout.enabled=false", "sft.enabled=false", "tracking.checkpoint_every=0"] + list(args.set or [])
     # a probe of a changed config (or other --set) is a new run, not a resume of the last probe's
     digest = hashlib.sha256("\n".join([config_path(args.env).read_text(), *sets]).encode()).hexdigest()[:8]
     rid = f"table1-probe-{args.env}-{digest}"
     record = results_io.Run("table1-probe", {"env": args.env, "horizon": horizon, "iterations": args.iterations,
-                                             "overrides": sets})
+                                             "stage": args.stage, "overrides": sets})
     t0 = time.perf_counter()
     rc = _train(args.env, rid, sets)
     wall = time.perf_counter() - t0
@@ -351,7 +362,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
                     "success_rate", "reward_mean", "invalid_action_rate", "format_error_rate"):
             per_it[key] = [m.value for m in metric_history(client, run.info.run_id, key)]
     out = record.write([], {"rc": rc, "wall_s": wall, "horizon": horizon, "per_iteration": per_it},
-                       tag=f"probe-{args.env}", out=RECORDS / "probes" / f"{args.env}.json")
+                       tag=f"probe-{args.env}", out=RECORDS / "probes" / (
+                           f"{args.env}.json" if args.stage is None else f"{args.env}-stage{args.stage}.json"))
     print(json.dumps({"wall_min": wall / 60, **per_it}, indent=1))
     print(f"record: {out.relative_to(ROOT)}")
     return rc
@@ -488,6 +500,9 @@ def main() -> int:
     pr = sub.add_parser("probe", help="minutes per RL iteration at the longest horizon (no held-out)")
     pr.add_argument("--env", choices=sorted(COLUMNS), required=True)
     pr.add_argument("--iterations", type=int, default=1)
+    pr.add_argument("--stage", type=int, default=None,
+                    help="play the config's stage N (its horizon and task subset; record probes/<env>-stageN.json) "
+                         "instead of the longest horizon on all tasks")
     pr.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     sub.add_parser("report", help="the Markdown table from the committed records")
     args = p.parse_args()

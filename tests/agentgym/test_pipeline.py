@@ -42,3 +42,35 @@ def test_small_pool_repeats_tasks_in_distinct_groups():
 def test_eval_split_uses_eval_tasks():
     cfg = _cfg([{"name": "babyai", "tasks": [0, 1], "eval_tasks": [80, 81]}], n=2, g=1)
     assert {s.task_id for s in plan_episodes(cfg, 0, eval_split=True)} == {80, 81}
+
+
+def _staged(stage_tasks, envs=None):
+    envs = envs or [{"name": "babyai", "tasks": list(range(20)), "eval_tasks": [80, 81]},
+                    {"name": "textcraft", "tasks": [0, 1, 2], "weight": 1}]
+    return parse_config({"envs": envs, "rollout": {"tasks_per_iteration": 4, "group_size": 1},
+                         "algorithm": {"estimator": "reinforce_pp"},
+                         "schedule": {"stages": [{"horizon": 2, "iterations": 3, "tasks": stage_tasks},
+                                                 {"horizon": 4, "iterations": 3}]}})
+
+
+def test_stage_tasks_restrict_training_draws_of_their_stage_only():
+    cfg = _staged({"babyai": [3, 4]})
+    for step in range(3):  # stage 0: babyai from its subset, textcraft (not named) from all its tasks
+        specs = plan_episodes(cfg, step)
+        assert {s.task_id for s in specs if s.env == "babyai"} == {3, 4}
+        assert {s.task_id for s in specs if s.env == "textcraft"} <= {0, 1, 2}
+    later = {s.task_id for step in range(3, 6) for s in plan_episodes(cfg, step) if s.env == "babyai"}
+    assert not later <= {3, 4}  # stage 1 draws from all 20 again
+    assert {s.task_id for s in plan_episodes(cfg, 0, eval_split=True)} == {80, 81}  # held-out unchanged
+    assert [s.model_dump() for s in cfg.stages][0]["tasks"] == {"babyai": [3, 4]}
+
+
+def test_stage_tasks_are_checked_against_the_environments():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"schedule.stages\[0\].tasks.sciworld: no environment named"):
+        _staged({"sciworld": [0]})
+    with pytest.raises(ValueError, match=r"tasks \[30\] that are not in that environment's envs\[\].tasks"):
+        _staged({"babyai": [3, 30]})
+    with pytest.raises(ValueError, match="is empty"):
+        _staged({"babyai": []})

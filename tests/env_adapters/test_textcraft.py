@@ -197,3 +197,42 @@ def test_state_key_is_the_inventory(env):
     assert got == "textcraft:minecraft:acacia_log=1"
     assert act(env, "inventory").info["state_key"] == got  # looking changes nothing
     assert act(env, "get 1 acacia log").info["state_key"] == "textcraft:minecraft:acacia_log=2"
+
+
+def test_feasible_action_list_follows_the_inventory():
+    env = TextCraftEnv(action_list="feasible")
+    env.reset(0)
+    assert env.valid_actions() == ["inventory", "get 1 acacia logs"]  # nothing to craft with yet
+    act(env, "get 1 acacia logs")
+    assert env.valid_actions() == [
+        "inventory", "get 1 acacia logs", "craft 4 acacia planks using 1 acacia logs"]
+    tree = TextCraftEnv()
+    tree.reset(0)
+    assert tree.valid_actions()[-1].startswith("craft ")  # the default lists the tree regardless
+
+
+def test_every_feasible_command_succeeds():
+    """Random walks over the feasible list: no listed command is ever rejected by the game, and
+    the list is always the tree's list minus crafts whose ingredients are not held."""
+    import random
+
+    env, tree = TextCraftEnv(action_list="feasible"), TextCraftEnv()
+    rng = random.Random(0)
+    crafted = 0
+    for task in [0, 5, 50, 130, 200, 300, 420, 533]:
+        env.reset(task)
+        tree.reset(task)
+        for _ in range(15):
+            actions = env.valid_actions()
+            assert set(actions) <= set(tree.valid_actions())
+            r = act(env, rng.choice(actions))
+            assert not r.info["invalid_action"], (task, r.observation)
+            crafted += r.observation.startswith("Crafted")
+            if r.terminated:
+                break
+    assert crafted > 0
+
+
+def test_action_list_is_checked():
+    with pytest.raises(ValueError, match="action_list must be one of"):
+        TextCraftEnv(action_list="all")
