@@ -364,7 +364,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
             per_it[key] = [m.value for m in metric_history(client, run.info.run_id, key)]
     out = record.write([], {"rc": rc, "wall_s": wall, "horizon": horizon, "per_iteration": per_it},
                        tag=f"probe-{args.env}", out=RECORDS / "probes" / (
-                           f"{args.env}.json" if args.stage is None else f"{args.env}-stage{args.stage}.json"))
+                           args.env + ("" if args.stage is None else f"-stage{args.stage}")
+                           + (f"-{args.label}" if args.label else "") + ".json"))
     print(json.dumps({"wall_min": wall / 60, **per_it}, indent=1))
     print(f"record: {out.relative_to(ROOT)}")
     return rc
@@ -505,6 +506,8 @@ def main() -> int:
                     help="play the config's stage N (its horizon and task subset; record probes/<env>-stageN.json) "
                          "instead of the longest horizon on all tasks")
     pr.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    pr.add_argument("--label", default=None,
+                    help="suffix of the record's name (probes/<env>[-stageN]-<label>.json), e.g. for a --set variant")
     sub.add_parser("report", help="the Markdown table from the committed records")
     args = p.parse_args()
     return {"random": cmd_random, "base": cmd_base, "run": cmd_run, "probe": cmd_probe,
