@@ -34,7 +34,11 @@ with ``search(query, k) -> list[{"title", "text"}]`` (:class:`Retriever`).
 ``valid_actions()`` never names a golden answer: it lists ``<search>`` with the question itself
 and, for every passage shown by the last search, ``<search>title</search>`` and
 ``<answer>title</answer>`` (a candidate the agent has already seen) -- the actions of a
-random-valid-action baseline, not a game rule.
+random-valid-action baseline, not a game rule. With ``answer_candidates="titles+numbers"`` it
+also lists ``<answer>n</answer>`` for every number of one to four digits in those passages (in
+order of appearance, each once). Why: 25 of the 32 held-out questions of configs/deepsearch.yaml
+ask for a year, an atomic number or a symbol, so with titles alone at most 7 of them can be
+answered by a listed action (``tests/env_adapters/test_deepsearch.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ from env_adapters.base import InfraError, StepResult, TextEnv, format_error
 DATA_DIR = Path(__file__).resolve().parent / "data" / "deepsearch"
 CORPUS_PATH = DATA_DIR / "corpus.jsonl.gz"
 SPLITS = ("train", "test")
+#: ``answer_candidates`` values: the answers ``valid_actions()`` lists (module docstring)
+ANSWER_CANDIDATES = ("titles", "titles+numbers")
+_NUMBER = re.compile(r"(?<![\w.,])\d{1,4}(?![\w]|[.,]\d)")
 DEFAULT_TOP_K = 3  # SEARCHQA_RETRIEVAL_TOPK in agentenv-searchqa
 MAX_TURNS = 5  # suggested horizon (AgentGym's SearchQA viewer); the rollout loop enforces it
 MAX_REPLY_CHARS = 8000
@@ -331,8 +338,12 @@ class DeepSearchEnv(TextEnv):
 
     def __init__(self, split: str = "train", top_k: int = DEFAULT_TOP_K,
                  retriever: Retriever | str | None = None, answer_terminates: bool = True,
-                 max_reply_chars: int = MAX_REPLY_CHARS) -> None:
+                 max_reply_chars: int = MAX_REPLY_CHARS, answer_candidates: str = "titles") -> None:
         self.questions = questions(split)  # validates the split
+        if answer_candidates not in ANSWER_CANDIDATES:
+            raise ValueError(f"deepsearch: answer_candidates must be one of {ANSWER_CANDIDATES}, not "
+                             f"{answer_candidates!r} (envs[].kwargs.answer_candidates)")
+        self.list_numbers = answer_candidates == "titles+numbers"
         self.split = split
         if int(top_k) < 1:
             raise ValueError("deepsearch: top_k must be >= 1")
@@ -364,6 +375,8 @@ class DeepSearchEnv(TextEnv):
         for title in self._last_titles:
             actions.append(f"<search>{title}</search>")
             actions.append(f"<answer>{title}</answer>")
+        if self.list_numbers:
+            actions += [f"<answer>{n}</answer>" for n in self._last_numbers]
         return actions
 
     # ------------------------------------------------------------------ reset
@@ -378,6 +391,7 @@ class DeepSearchEnv(TextEnv):
                      "qid": q["id"], "question": q["question"], "type": q.get("type"),
                      "hops": q.get("hops")}
         self._last_titles: list[str] = []
+        self._last_numbers: list[str] = []
         self.searches = 0
         self.done = False
         self._ready = True
@@ -399,6 +413,8 @@ class DeepSearchEnv(TextEnv):
             passages = self._search(content)
             self.searches += 1
             self._last_titles = [p["title"] for p in passages]
+            self._last_numbers = list(dict.fromkeys(
+                n for p in passages for n in _NUMBER.findall(p.get("text", "")) if n not in self._last_titles))
             body = passages_to_string(passages).strip() or NO_RESULTS
             info = {**base, "searches": self.searches, "query": content,
                     "retrieved": [p.get("id", p["title"]) for p in passages]}

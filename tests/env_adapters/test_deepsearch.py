@@ -335,3 +335,44 @@ def test_retriever_faults_are_infra_errors_not_rewards():
         e.step("<search>Hamlet</search>")
     # a format error or an answer never touches the retriever
     assert not e.step("<answer>x</answer>").info["format_error"]
+
+
+def _answerable(env, tasks) -> int:
+    """Questions of ``tasks`` whose golden answer is a listed ``<answer>`` after searching the
+    question itself (the first listed action), then any title it showed."""
+    from env_adapters.deepsearch import normalize_answer
+
+    hits = 0
+    for t in tasks:
+        env.reset(t)
+        gold = {normalize_answer(g) for g in env._gold}
+        env.step(env.valid_actions()[0])
+        titles, listed = list(env._last_titles), set(env.valid_actions())
+        for title in titles:
+            env.reset(t)
+            env.step(env.valid_actions()[0])
+            env.step(f"<search>{title}</search>")
+            listed |= set(env.valid_actions())
+        hits += any(a.startswith("<answer>") and normalize_answer(a[8:-9]) in gold for a in listed)
+    return hits
+
+
+def test_numbers_as_answer_candidates_reach_the_heldout_answers():
+    """configs/deepsearch.yaml's 32 held-out questions: titles alone can answer 7, titles and
+    the passages' numbers 26 (years, atomic numbers); the numbers are listed once each, only
+    after a search, and never a golden answer the passages do not show."""
+    import yaml
+
+    cfg = yaml.safe_load((Path(_ROOT) / "configs" / "deepsearch.yaml").read_text())["envs"][0]
+    kwargs = {k: v for k, v in cfg.get("kwargs", {}).items() if k != "answer_candidates"}
+    titles = make_env("deepsearch", **kwargs, answer_candidates="titles")
+    numbers = make_env("deepsearch", **kwargs, answer_candidates="titles+numbers")
+    assert _answerable(titles, cfg["eval_tasks"]) == 7
+    assert _answerable(numbers, cfg["eval_tasks"]) == 26
+    numbers.reset(cfg["eval_tasks"][0])
+    assert not any(a.startswith("<answer>") for a in numbers.valid_actions())
+    numbers.step(numbers.valid_actions()[0])
+    listed = numbers.valid_actions()
+    assert len(listed) == len(set(listed))
+    with pytest.raises(ValueError, match="answer_candidates must be one of"):
+        make_env("deepsearch", answer_candidates="spans")
