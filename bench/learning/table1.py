@@ -80,6 +80,10 @@ ITERATIONS_PER_STAGE = {"babyai": 8, "textcraft": 8, "sciworld": 2, "deepsearch"
 #: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
 #: score x 100); the adapter's reward is the running score / 100, the episode keeps its last value
 SCORED = {"sciworld": 100.0}
+#: columns whose RL rows are not run because their probe shows no reward to learn from: the
+#: reason and the probe record (docs/results/table1/probes/) shown in those cells instead
+NO_SIGNAL = {"sciworld": ("free text, horizon 8: 0 of 8 episodes, every action invalid, no update",
+                          "probes/sciworld-stage0.json")}
 #: the paper's Table 1 (arXiv 2509.08755), per our column: (ScalingInter-7B, Qwen2.5-7B-Instruct)
 PAPER = {"miniwob": ("WebArena", 26.00, 9.76), "deepsearch": ("Deep Search", 38.25, 18.75),
          "textcraft": ("TextCraft", 91.00, 42.00), "babyai": ("BabyAI", 96.67, 66.67),
@@ -445,6 +449,8 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
             s = cell_stats(records, env, row, lab)
             if row == "long" and single_stage(env):
                 cells.append("= scaling (one stage)")
+            elif s is None and row in RL_ROWS and env in NO_SIGNAL:
+                cells.append(f"no signal ({NO_SIGNAL[env][0]}; {NO_SIGNAL[env][1]})")
             elif s is None and row in RL_ROWS and commands is not None:
                 cells.append("to run")
             else:

@@ -50,6 +50,9 @@ def test_the_rl_cells_are_the_shipped_config_with_only_the_schedule_and_tracking
     assert [s.horizon for s in scaling.stages] == [s.horizon for s in shipped.stages]
     assert {s.iterations for s in scaling.stages} == {table1.ITERATIONS_PER_STAGE[env]}
     assert [(s.horizon, s.iterations) for s in long.stages] == [(horizon, 7)]
+    # the scaling run keeps the config's task curriculum; the fixed long horizon has none
+    assert [s.tasks for s in scaling.stages] == [s.tasks for s in shipped.stages]
+    assert long.stages[0].tasks is None
     assert horizon == max(s.horizon for s in shipped.stages) or horizon == shipped.heldout.horizon
     for cfg in (scaling, long):
         assert cfg.seed == 1 and cfg.heldout.enabled and not cfg.heldout.base and not cfg.sft.enabled
@@ -112,7 +115,10 @@ def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_number
     babyai = cols.index("babyai (babyai.yaml)")
     assert row["random valid action (10 seeds)"][babyai].startswith("0.281 [")
     assert row["after ScalingInter-RL (from base)"][babyai].endswith("(2 seeds)")
-    assert row["after ScalingInter-RL (from base)"][cols.index("sciworld (sciworld.yaml)")] == "to run"
+    assert row["after ScalingInter-RL (from base)"][cols.index("deepsearch (deepsearch.yaml)")] == "to run"
+    # a column shown to have no reward to learn from names its probe instead
+    assert row["after ScalingInter-RL (from base)"][cols.index("sciworld (sciworld.yaml)")] \
+        == f"no signal ({table1.NO_SIGNAL['sciworld'][0]}; {table1.NO_SIGNAL['sciworld'][1]})"
     assert row["base SmolLM2-135M-Instruct"][cols.index("textcraft (textcraft.yaml)")] == "—"
     # a one-stage config's scaling run is a fixed horizon already
     assert row["after fixed long horizon, same env steps"][cols.index("miniwob (miniwob.yaml)")] \
@@ -134,3 +140,15 @@ def test_per_task_results_come_from_the_pipelines_heldout_report():
     got = table1.per_env_from_report(report)
     assert got["sciworld"] == {"tasks": [29, 28], "success": [[0.0, 1.0]], "reward": [[0.35, 1.0]]}
     assert np.isnan(got["babyai"]["success"][0][0])  # an infra fault is not a failure
+
+
+@pytest.mark.parametrize("env", sorted(table1.NO_SIGNAL))
+def test_a_no_signal_column_is_backed_by_its_committed_probe(env):
+    """The probe a "no signal" cell names exists, is of that environment, and earned no reward
+    and no update in any iteration."""
+    import json
+
+    rec = json.loads((table1.RECORDS / table1.NO_SIGNAL[env][1]).read_text())
+    it = rec["results"]["per_iteration"]
+    assert rec["config"]["env"] == env and rec["results"]["rc"] == 0 and it["episodes"]
+    assert max(it["reward_mean"]) == 0.0 and max(it["success_rate"]) == 0.0 and not it["update_seconds"]
