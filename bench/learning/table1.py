@@ -454,7 +454,7 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
             elif s is None and row in RL_ROWS and commands is not None:
                 cells.append("to run")
             else:
-                cells.append(_fmt(s) + (f" ({s['seeds']} seeds)" if s and row in RL_ROWS else ""))
+                cells.append(_fmt(s) + (f" ({s['seeds']} seed{'s' if s['seeds'] > 1 else ''})" if s and row in RL_ROWS else ""))
         lines.append(f"| {ROW_TITLES[row]} | " + " | ".join(cells) + " |")
     tasks = []
     for env, lab, _ in cols:
