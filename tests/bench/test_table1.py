@@ -115,7 +115,7 @@ def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_number
     babyai = cols.index("babyai (babyai.yaml)")
     assert row["random valid action (10 seeds)"][babyai].startswith("0.281 [")
     assert row["after ScalingInter-RL (from base)"][babyai].endswith("(2 seeds)")
-    assert row["after ScalingInter-RL (from base)"][cols.index("deepsearch (deepsearch.yaml)")] == "to run"
+    assert row["after ScalingInter-RL (from base)"][cols.index("textcraft (textcraft.yaml)")] == "to run"
     # a column shown to have no reward to learn from names its probe instead
     assert row["after ScalingInter-RL (from base)"][cols.index("sciworld (sciworld.yaml)")] \
         == f"no signal ({table1.NO_SIGNAL['sciworld'][0]}; {table1.NO_SIGNAL['sciworld'][1]})"
