@@ -112,6 +112,11 @@ def cell_id(env: str, row: str, seed: int | None = None) -> str:
     return f"table1-{env}-{row}" + (f"-s{seed}" if seed is not None else "")
 
 
+def _shown(path: Path) -> Path:
+    """A record's path as printed: relative to the repository when inside it."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def record_path(cell: str) -> Path:
     return RECORDS / f"{cell}.json"
 
@@ -216,7 +221,7 @@ def write_cell(cell: str, env: str, row: str, per_env: dict[str, Any], record: "
     results = {"cell": cell, "env": env, "row": row, "horizon": heldout_horizon(env), "per_env": per_env,
                **(extra or {})}
     path = record.write([], results, tag=cell.removeprefix("table1-"), out=record_path(cell))
-    print(f"record: {path.relative_to(ROOT)}")
+    print(f"record: {_shown(path)}")
     return path
 
 
@@ -227,6 +232,35 @@ def cmd_random(args: argparse.Namespace) -> int:
                                        "seeds": args.seeds, "set": args.set})
     per_env = random_per_env(load_cfg(args.env, args.set), args.seeds)
     write_cell(cell, args.env, "random", per_env, record, {"seeds": list(range(args.seeds))})
+    return 0
+
+
+def cmd_random_train(args: argparse.Namespace) -> int:
+    """The random valid action on the *training* tasks at stage ``--stage``'s horizon (10 seeds):
+    which tasks a policy can win by chance, the evidence for a stage's task subset. Scores the
+    stage's subset, or with ``--all-tasks`` every training task of each environment. Record:
+    ``docs/results/table1/probes/<env>-stage<N>-random.json`` (per task: seeds won)."""
+    from env_adapters.baselines import random_valid_action_success
+
+    cfg = load_cfg(args.env, args.set)
+    stage = cfg.stages[args.stage]
+    record = results_io.Run("table1-random-train", {"env": args.env, "stage": args.stage, "horizon": stage.horizon,
+                                                    "all_tasks": args.all_tasks, "seeds": args.seeds})
+    per_env: dict[str, Any] = {}
+    for e in cfg.envs:
+        tasks = list(e.tasks) if args.all_tasks else list((stage.tasks or {}).get(e.name, e.tasks))
+        wins = {t: 0 for t in tasks}
+        for seed in range(args.seeds):
+            got = random_valid_action_success(e.name, tasks, stage.horizon, seed=seed, **e.kwargs)
+            for t in tasks:
+                wins[t] += int(got["per_task"][t])
+        per_env[e.name] = {"tasks": tasks, "seeds_won": [wins[t] for t in tasks],
+                           "success": sum(wins.values()) / (len(tasks) * args.seeds)}
+        print(f"{e.name}: {per_env[e.name]['success']:.3f}; seeds won per task: {dict(wins)}")
+    out = record.write([], {"env": args.env, "stage": args.stage, "horizon": stage.horizon, "per_env": per_env},
+                       tag=f"random-train-{args.env}",
+                       out=RECORDS / "probes" / f"{args.env}-stage{args.stage}-random.json")
+    print(f"record: {_shown(out)}")
     return 0
 
 
@@ -373,7 +407,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                            args.env + ("" if args.stage is None else f"-stage{args.stage}")
                            + (f"-{args.label}" if args.label else "") + ".json"))
     print(json.dumps({"wall_min": wall / 60, **per_it}, indent=1))
-    print(f"record: {out.relative_to(ROOT)}")
+    print(f"record: {_shown(out)}")
     return rc
 
 
@@ -496,6 +530,12 @@ def main() -> int:
     r.add_argument("--env", choices=sorted(COLUMNS), required=True)
     r.add_argument("--seeds", type=int, default=RANDOM_SEEDS)
     r.add_argument("--set", action="append", help="extra override, as agentgym train --set")
+    rt = sub.add_parser("random-train", help="the random valid action on a stage's training tasks (10 seeds)")
+    rt.add_argument("--env", choices=sorted(COLUMNS), required=True)
+    rt.add_argument("--stage", type=int, default=0)
+    rt.add_argument("--all-tasks", action="store_true", help="every training task, not the stage's subset")
+    rt.add_argument("--seeds", type=int, default=RANDOM_SEEDS)
+    rt.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     b = sub.add_parser("base", help="the base model, greedy")
     b.add_argument("--env", choices=sorted(COLUMNS), required=True)
     b.add_argument("--set", action="append", help="extra override, as agentgym train --set")
@@ -518,7 +558,7 @@ def main() -> int:
                     help="suffix of the record's name (probes/<env>[-stageN]-<label>.json), e.g. for a --set variant")
     sub.add_parser("report", help="the Markdown table from the committed records")
     args = p.parse_args()
-    return {"random": cmd_random, "base": cmd_base, "run": cmd_run, "probe": cmd_probe,
+    return {"random": cmd_random, "random-train": cmd_random_train, "base": cmd_base, "run": cmd_run, "probe": cmd_probe,
             "report": cmd_report}[args.cmd](args)
 
 

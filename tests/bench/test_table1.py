@@ -152,3 +152,18 @@ def test_a_no_signal_column_is_backed_by_its_committed_probe(env):
     it = rec["results"]["per_iteration"]
     assert rec["config"]["env"] == env and rec["results"]["rc"] == 0 and it["episodes"]
     assert max(it["reward_mean"]) == 0.0 and max(it["success_rate"]) == 0.0 and not it["update_seconds"]
+
+
+def test_random_train_scores_a_stages_task_subset_and_writes_its_record(tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    monkeypatch.setattr(table1, "RECORDS", tmp_path)
+    (tmp_path / "probes").mkdir()
+    args = argparse.Namespace(env="textcraft", stage=0, all_tasks=False, seeds=2, set=None)
+    assert table1.cmd_random_train(args) == 0
+    rec = json.loads((tmp_path / "probes" / "textcraft-stage0-random.json").read_text())["results"]
+    got = rec["per_env"]["textcraft"]
+    assert got["tasks"] == load_config(table1.config_path("textcraft")).stages[0].tasks["textcraft"]
+    assert rec["horizon"] == 6 and all(0 <= w <= 2 for w in got["seeds_won"])
+    assert got["success"] == sum(got["seeds_won"]) / (2 * len(got["tasks"])) > 0
