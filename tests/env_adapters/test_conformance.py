@@ -86,11 +86,14 @@ def test_conformance(env_name: str) -> None:
         assert report["truncated_runs"] > 0
 
 
-# Observation styles change what the policy reads, never the game: each runs the whole checker.
-STYLES = [("babyai", {"observation_style": "compact"}), ("textcraft", {"observation_style": "inventory"})]
+# Observation styles and action lists change what the policy reads or may choose, never the game:
+# each runs the whole checker (the shipped configs' settings).
+STYLES = [("babyai", {"observation_style": "compact"}), ("textcraft", {"observation_style": "inventory"}),
+          ("textcraft", {"observation_style": "inventory", "action_list": "feasible"}),
+          ("deepsearch", {"split": "all", "answer_candidates": "titles+numbers"})]
 
 
-@pytest.mark.parametrize("env_name,kwargs", STYLES, ids=[f"{n}-{k['observation_style']}" for n, k in STYLES])
+@pytest.mark.parametrize("env_name,kwargs", STYLES, ids=["-".join([n, *map(str, k.values())]) for n, k in STYLES])
 def test_conformance_of_observation_styles(env_name: str, kwargs: dict) -> None:
     report = check_env(lambda: make_env(env_name, **kwargs), CASES[env_name], horizon=HORIZON)
     assert report["steps"] > 0
