@@ -74,3 +74,14 @@ def test_stage_tasks_are_checked_against_the_environments():
         _staged({"babyai": [3, 30]})
     with pytest.raises(ValueError, match="is empty"):
         _staged({"babyai": []})
+
+
+def test_a_stage_subset_of_every_task_plans_what_no_subset_plans():
+    """Naming all of an environment's tasks draws exactly what naming none draws (same pools, same
+    random calls), so configs without stage tasks plan as they did before the option existed."""
+    envs = [{"name": "babyai", "tasks": list(range(20))}, {"name": "textcraft", "tasks": [0, 1, 2]}]
+    everything = _staged({"babyai": list(range(20)), "textcraft": [0, 1, 2]}, envs)
+    nothing = _staged(None, envs)
+    for step in range(6):
+        for draw in (0, 1):
+            assert plan_episodes(everything, step, draw=draw) == plan_episodes(nothing, step, draw=draw)
