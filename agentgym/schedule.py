@@ -31,25 +31,30 @@ def stage_start(stages: list[StageSpec], index: int) -> int:
     return sum(s.iterations for s in stages[:index])
 
 
+def _locate(stages: list[StageSpec], global_step: int) -> tuple[int, int] | None:
+    """``(stage index, the stage's first global step)`` of ``global_step``; None past the schedule."""
+    start = 0
+    for i, spec in enumerate(stages):
+        if start <= global_step < start + spec.iterations:
+            return i, start
+        start += spec.iterations
+    return None
+
+
 def position(stages: list[StageSpec], global_step: int) -> StagePosition:
     """Stage, horizon and in-stage iteration of ``global_step``."""
     if global_step < 0:
         raise ValueError(f"global_step must be >= 0, got {global_step}")
-    start = 0
-    for i, spec in enumerate(stages):
-        if global_step < start + spec.iterations:
-            return StagePosition(i, spec.horizon, global_step - start, global_step)
-        start += spec.iterations
-    raise ValueError(f"global_step {global_step} is past the schedule ({start} steps)")
+    found = _locate(stages, global_step)
+    if found is None:
+        raise ValueError(f"global_step {global_step} is past the schedule ({total_steps(stages)} steps)")
+    i, start = found
+    return StagePosition(i, stages[i].horizon, global_step - start, global_step)
 
 
 def stage_tasks(stages: list[StageSpec], global_step: int) -> dict[str, list[int]]:
     """The training-task subsets (``StageSpec.tasks``, per environment name) of ``global_step``'s
     stage; ``{}`` where the stage names none or the step is past the schedule (every environment
     keeps all its tasks)."""
-    start = 0
-    for spec in stages:
-        if start <= global_step < start + spec.iterations:
-            return dict(spec.tasks or {})
-        start += spec.iterations
-    return {}
+    found = _locate(stages, global_step)
+    return dict(stages[found[0]].tasks or {}) if found else {}
