@@ -264,8 +264,7 @@ class TextCraftEnv(StateKeyedEnv):
             sorted(distractor_strs), min(len(distractor_strs), MAX_DISTRACTORS))
         rng.shuffle(recipes_list)
         self.commands = "\n".join(recipes_list)
-        self._craft_needs: dict[str, list[tuple[str, int]]] = {}
-        self._plausible = self._plausible_actions(tree_recipes)
+        self._plausible, self._craft_needs = self._plausible_actions(tree_recipes)
         self.done = False
         self._ready = True
         self.task = {"task_id": int(task_id), "seed": int(seed), "goal": item_id_to_str(self.goal),
@@ -290,8 +289,11 @@ class TextCraftEnv(StateKeyedEnv):
     def _with_inventory(self, observation: str) -> str:
         return f"{observation}\n{self._inventory_text()}" if self.show_inventory else observation
 
-    def _plausible_actions(self, tree_recipes: list) -> list[str]:
+    def _plausible_actions(self, tree_recipes: list) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+        """The tree's commands (module docstring), and each craft command's ingredients
+        ``[(item id, count)]`` (what ``action_list="feasible"`` checks against the inventory)."""
         t = self._r.tree
+        needs: dict[str, list[tuple[str, int]]] = {}
         unique = list({rc.recipe_str: rc for rc in tree_recipes}.values())
         produced = {rc.output_item.item_tag.item_id for rc in unique}
         gets: list[str] = []
@@ -320,8 +322,8 @@ class TextCraftEnv(StateKeyedEnv):
                 cmd = head + ", ".join(f"{n} {item_id_to_str(i)}" for i, n in c)
                 if cmd not in crafts:
                     crafts.append(cmd)
-                    self._craft_needs[cmd] = list(c)
-        return ["inventory"] + gets + crafts
+                    needs[cmd] = list(c)
+        return ["inventory"] + gets + crafts, needs
 
     # ------------------------------------------------------------------ step
     def _step(self, action_text: str) -> StepResult:
