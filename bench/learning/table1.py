@@ -200,19 +200,29 @@ def random_per_env(cfg, seeds: int = RANDOM_SEEDS) -> dict[str, dict[str, Any]]:
     environment the task ids and a success and a reward row per seed."""
     from agentgym.evaluation.before_after import heldout_horizon as hh
     from agentgym.evaluation.metrics import eval_targets
-    from env_adapters.baselines import random_valid_action_success
 
     horizon = hh(cfg)
     out: dict[str, dict[str, Any]] = {}
     for t in eval_targets(cfg):
-        e = out.setdefault(t.label, {"tasks": list(t.tasks), "success": [], "reward": []})
-        for seed in range(seeds):
-            got = random_valid_action_success(t.spec.name, t.tasks, horizon, seed=seed, env_seed=cfg.heldout.seed,
-                                              **t.spec.kwargs)
-            e["success"].append([float(got["per_task"][task]) for task in t.tasks])
-            e["reward"].append([float(got["per_task_reward"][task]) for task in t.tasks])
-            print(f"  {t.label} seed {seed}: {got['success_rate']:.3f}", flush=True)
+        success, reward = random_rows(t.spec.name, list(t.tasks), horizon, seeds, cfg.heldout.seed, t.spec.kwargs,
+                                      t.label)
+        out[t.label] = {"tasks": list(t.tasks), "success": success, "reward": reward}
     return out
+
+
+def random_rows(env: str, tasks: list[int], horizon: int, seeds: int, env_seed: int, kwargs: dict[str, Any],
+                label: str) -> tuple[list[list[float]], list[list[float]]]:
+    """The random valid action on ``tasks``, policy seeds ``0..seeds-1``: a success row and a
+    reward row per seed, each over ``tasks`` in order."""
+    from env_adapters.baselines import random_valid_action_success
+
+    success, reward = [], []
+    for seed in range(seeds):
+        got = random_valid_action_success(env, tasks, horizon, seed=seed, env_seed=env_seed, **kwargs)
+        success.append([float(got["per_task"][task]) for task in tasks])
+        reward.append([float(got["per_task_reward"][task]) for task in tasks])
+        print(f"  {label} seed {seed}: {got['success_rate']:.3f}", flush=True)
+    return success, reward
 
 
 def write_cell(cell: str, env: str, row: str, per_env: dict[str, Any], record: "results_io.Run",
@@ -240,8 +250,6 @@ def cmd_random_train(args: argparse.Namespace) -> int:
     which tasks a policy can win by chance, the evidence for a stage's task subset. Scores the
     stage's subset, or with ``--all-tasks`` every training task of each environment. Record:
     ``docs/results/table1/probes/<env>-stage<N>-random.json`` (per task: seeds won)."""
-    from env_adapters.baselines import random_valid_action_success
-
     cfg = load_cfg(args.env, args.set)
     stage = cfg.stages[args.stage]
     record = results_io.Run("table1-random-train", {"env": args.env, "stage": args.stage, "horizon": stage.horizon,
@@ -249,14 +257,10 @@ def cmd_random_train(args: argparse.Namespace) -> int:
     per_env: dict[str, Any] = {}
     for e in cfg.envs:
         tasks = list(e.tasks) if args.all_tasks else list((stage.tasks or {}).get(e.name, e.tasks))
-        wins = {t: 0 for t in tasks}
-        for seed in range(args.seeds):
-            got = random_valid_action_success(e.name, tasks, stage.horizon, seed=seed, **e.kwargs)
-            for t in tasks:
-                wins[t] += int(got["per_task"][t])
-        per_env[e.name] = {"tasks": tasks, "seeds_won": [wins[t] for t in tasks],
-                           "success": sum(wins.values()) / (len(tasks) * args.seeds)}
-        print(f"{e.name}: {per_env[e.name]['success']:.3f}; seeds won per task: {dict(wins)}")
+        success, _ = random_rows(e.name, tasks, stage.horizon, args.seeds, 0, e.kwargs, e.name)
+        won = [int(sum(col)) for col in zip(*success)]
+        per_env[e.name] = {"tasks": tasks, "seeds_won": won, "success": sum(won) / (len(tasks) * args.seeds)}
+        print(f"{e.name}: {per_env[e.name]['success']:.3f}; seeds won per task: {dict(zip(tasks, won))}")
     out = record.write([], {"env": args.env, "stage": args.stage, "horizon": stage.horizon, "per_env": per_env},
                        tag=f"random-train-{args.env}",
                        out=RECORDS / "probes" / f"{args.env}-stage{args.stage}-random.json")
