@@ -147,8 +147,7 @@ def stages(env: str, schedule: str, iterations: int | None = None) -> list[dict[
     curriculum of either kind."""
     if schedule == "scaling":
         n = iterations or ITERATIONS_PER_STAGE[env]
-        return [{"horizon": s.horizon, "iterations": n, **({"tasks": s.tasks} if s.tasks else {})}
-                for s in load_cfg(env).stages]
+        return [s.model_copy(update={"iterations": n}).model_dump(exclude_none=True) for s in load_cfg(env).stages]
     if schedule == "long":
         if not iterations:
             raise ValueError("the long schedule's iterations come from the scaling run (long_iterations)")
@@ -377,15 +376,17 @@ def cmd_probe(args: argparse.Namespace) -> int:
     ``docs/results/table1/probes/<env>.json``."""
     from mlflow.tracking import MlflowClient
 
+    from agentgym.config import StageSpec
+
     cfg_stages = load_cfg(args.env).stages
     if args.stage is None:
-        horizon, tasks = max(s.horizon for s in cfg_stages), None
+        played = StageSpec(horizon=max(s.horizon for s in cfg_stages), iterations=args.iterations)
     elif -len(cfg_stages) <= args.stage < len(cfg_stages):
-        horizon, tasks = cfg_stages[args.stage].horizon, cfg_stages[args.stage].tasks
+        played = cfg_stages[args.stage].model_copy(update={"iterations": args.iterations})
     else:
         print(f"--stage {args.stage}: {COLUMNS[args.env]} has {len(cfg_stages)} stages", file=sys.stderr)
         return 2
-    stage = {"horizon": horizon, "iterations": args.iterations, **({"tasks": tasks} if tasks else {})}
+    horizon, stage = played.horizon, played.model_dump(exclude_none=True)
     sets = [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{args.env}",
             f"schedule.stages={json.dumps([stage])}",
             "heldout.enabled=false", "sft.enabled=false", "tracking.checkpoint_every=0"] + list(args.set or [])
