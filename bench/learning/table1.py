@@ -68,13 +68,10 @@ ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-
               "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
 RANDOM_SEEDS = 10
 #: RL iterations per stage of the config's own stages, meant to keep one run (its final held-out
-#: evaluation included) <= ~40 min on the idle 2-core machine. Sized from the constrained recipe's
-#: probes (docs/results/table1/probes/<env>[-stageN].json): TWX 4.1 min an iteration at horizon 12
-#: under load 2-4 (its seed-0 run then took 16 min idle at 4 per stage); BabyAI 0.8 min at stage 0
-#: (horizon 5, the easy levels), ~3 at horizon 10 (the 40-level probe's 2.0 min rollout plus an
-#: update), so 8; MiniWoB 3.7 min at its one horizon under load 5-7, so 8. Deep Search, TextCraft
-#: and mixed keep estimates (no probe of theirs has updated yet; re-size from one that does).
-#: SciWorld's free-text probe at horizon 8 took 0.6 min, every action invalid.
+#: evaluation included) <= ~40 min on the idle 2-core machine. babyai, textworld_express and miniwob
+#: are sized from their probes (docs/results/table1/probes/) and their runs' minutes (each record's
+#: wall_min; docs/results.md has both); textcraft, sciworld, deepsearch and mixed are estimates: no
+#: probe of theirs has updated yet, so re-size each from one that does before its first RL run.
 ITERATIONS_PER_STAGE = {"babyai": 8, "textcraft": 8, "sciworld": 2, "deepsearch": 6, "miniwob": 8,
                         "textworld_express": 4, "mixed": 8}
 #: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
