@@ -16,12 +16,13 @@ def _form_schema(schema: dict[str, Any]) -> None:
     is type 'None'"); without it the field opens on its value's input, empty, and an empty input
     is left out of the run's parameters, so the config's default (None) applies. A None-able
     section (trainer.lora) keeps it: the form would fill an empty section with its defaults and
-    so switch it on."""
+    so switch it on. A mapping (schedule.stages[].tasks) has no defaults to fill, so it opens
+    empty like a value."""
     for prop in schema.get("properties", {}).values():
         branches = prop.get("anyOf", [])
         if {"type": "null"} not in branches or "default" not in prop or prop["default"] is not None:
             continue
-        if not any("$ref" in b or b.get("type") == "object" for b in branches):
+        if not any("$ref" in b or "properties" in b for b in branches):
             del prop["default"]
 
 
