@@ -311,6 +311,16 @@ class RolloutConfig(_Strict):
         "seeds each) it was level with policy within a wide interval, so policy stays the default "
         "(docs/results.md).",
     )
+    action_temperature: float = Field(
+        1.0, gt=0,
+        description="With action_logprob: renormalised, the temperature of the choice among a turn's "
+        "listed actions: a reply is drawn with probability proportional to q(a|s)^(1/action_temperature), "
+        "q the policy renormalised over the candidates, and the trainer's log-probs are those of that "
+        "same distribution (the PPO ratio stays exact; greedy evaluation is unchanged). Above 1 it "
+        "explores whole commands: the per-token temperature multiplies through every token of a "
+        "command, so raising it shifts mass to the shortest commands (docs/results.md, Table 1). "
+        "1.0: the choice is q itself.",
+    )
     max_live_episodes: int = Field(
         256, ge=1,
         description="At most this many episodes play at once; when some end, the next ones start "
@@ -372,6 +382,11 @@ class RolloutConfig(_Strict):
             raise ValueError("rollout.action_logprob=renormalised renormalises each reply over the valid "
                              "actions it was drawn among, which only rollout.constrain_actions draws from; "
                              "set rollout.constrain_actions: true, or rollout.action_logprob: policy")
+        if self.action_temperature != 1.0 and self.action_logprob != "renormalised":
+            raise ValueError(f"rollout.action_temperature={self.action_temperature} tempers the choice among "
+                             "the listed actions, whose log-prob only rollout.action_logprob: renormalised "
+                             "trains on; set rollout.constrain_actions: true and rollout.action_logprob: "
+                             "renormalised, or rollout.action_temperature: 1.0")
         if self.device != "auto" and self.engine != "hf":
             raise ValueError(f"rollout.device={self.device} applies to the hf engine only (rollout.engine="
                              f"{self.engine} places its own model); leave rollout.device: auto")

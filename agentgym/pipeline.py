@@ -276,6 +276,7 @@ class PolicySession:
                 self.weights, self.tokenizer, self.cfg.trainer, self.cfg.algorithm,
                 temperature=self.cfg.rollout.temperature, seed=self.cfg.seed,
                 ray_cfg=self.cfg.ray if self.cfg.uses_ray else None,
+                action_temperature=self.cfg.rollout.action_temperature,
             )
         return self._trainer
 

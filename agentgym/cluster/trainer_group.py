@@ -77,7 +77,8 @@ class TrainerRank:
         self.trainer = PolicyTrainer(
             init["model_path"], SimpleNamespace(pad_token_id=init["pad_id"]),
             TrainerConfig.model_validate(init["trainer"]), AlgorithmConfig.model_validate(init["algorithm"]),
-            temperature=init["temperature"], seed=init["seed"])
+            temperature=init["temperature"], seed=init["seed"],
+            action_temperature=init["action_temperature"])
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "gpus": gpus}
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, int] | None:
@@ -162,7 +163,7 @@ class RayTrainerGroup:
 
     def __init__(self, model_path: str | Path, tokenizer: Any, trainer: TrainerConfig,
                  algorithm: AlgorithmConfig, temperature: float = 1.0, seed: int = 0,
-                 ray_cfg: RayConfig | None = None):
+                 ray_cfg: RayConfig | None = None, action_temperature: float = 1.0):
         self.ray_cfg = ray_cfg or RayConfig()
         ensure_ray(self.ray_cfg)
         self.tokenizer = tokenizer
@@ -170,7 +171,8 @@ class RayTrainerGroup:
         self.world_size = trainer.world_size
         self._init = {"model_path": str(model_path), "pad_id": self.pad_id,
                       "trainer": trainer.model_dump(mode="json"), "algorithm": algorithm.model_dump(mode="json"),
-                      "temperature": float(temperature), "seed": int(seed)}
+                      "temperature": float(temperature), "seed": int(seed),
+                      "action_temperature": float(action_temperature)}
         self.optimizer_steps = 0
         self.last_checkpoint: Path | None = None
         self.restarts = 0

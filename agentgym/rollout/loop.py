@@ -95,6 +95,8 @@ class RolloutSettings:
     # rollout.action_logprob: "renormalised" stores a constrained reply's log-probs renormalised
     # over its candidates, and the candidates (Episode.action_starts / action_candidates)
     action_logprob: str = "policy"
+    # rollout.action_temperature: the choice among the candidates is q^(1/t), renormalised
+    action_temperature: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: Any, horizon: int, seed: int, greedy: bool = False) -> "RolloutSettings":
@@ -107,6 +109,7 @@ class RolloutSettings:
             max_live=r.max_live_episodes, constrain_actions=r.constrain_actions,
             context_policy=r.context_policy.value, context_window=r.context_window,
             seeds_per_episode=cfg.seeds_per_episode, action_logprob=r.action_logprob,
+            action_temperature=r.action_temperature,
         )
 
 
@@ -300,7 +303,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
     ``constrain_actions``), then their environment steps, concurrently."""
     params = SamplingParams(
         max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-        top_p=settings.top_p, greedy=settings.greedy,
+        top_p=settings.top_p, greedy=settings.greedy, choice_temperature=settings.action_temperature,
         stop_token_ids=formatter.end_of_turn_ids, stop_strings=list(settings.stop),
         seed=turn_seed(settings.seed, call),
     )
@@ -322,7 +325,7 @@ def _play_turn(engine: InferenceEngine, formatter: ChatFormatter, pool: ThreadPo
     for lv, sample, cands in zip(fits, samples, choices):
         logprobs = sample.logprobs
         if renormalise and cands is not None:
-            logprobs = _renormalised(sample, cands)
+            logprobs = _renormalised(sample, cands, settings.action_temperature)
             lv.ep.record_choice(cands)
         lv.ep.append(sample.token_ids, sampled=True, logprobs=logprobs)
         replies.append(formatter.reply_text(sample.token_ids))
@@ -421,14 +424,15 @@ def _replies(engine: InferenceEngine, fits: list[_Live], choices: list[list[list
     return out
 
 
-def _renormalised(sample: Any, candidates: list[list[int]]) -> list[float]:
+def _renormalised(sample: Any, candidates: list[list[int]], temperature: float = 1.0) -> list[float]:
     """A chosen reply's per-token log-probs renormalised over its candidates (``rollout.
-    action_logprob: renormalised``), from the candidates' log-probs the engine scored them with."""
+    action_logprob: renormalised``) at the choice temperature ``rollout.action_temperature``,
+    from the candidates' log-probs the engine scored them with."""
     if sample.choice_logprobs is None:
         raise ValueError("rollout.action_logprob=renormalised needs the engine's log-probs of every candidate "
                          "(Sample.choice_logprobs, which HFEngine.choose returns); this engine gave none")
     lps = [torch.tensor(x, dtype=torch.float64) for x in sample.choice_logprobs]
-    return renormalised_logprobs(candidates, lps, choice_index(sample.token_ids, candidates)).tolist()
+    return renormalised_logprobs(candidates, lps, choice_index(sample.token_ids, candidates), temperature).tolist()
 
 
 def _finish(lv: _Live) -> Episode:

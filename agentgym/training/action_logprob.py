@@ -58,9 +58,15 @@ RowChoices = list[tuple[int, list[list[int]]]]
 
 
 def renormalised_logprobs(candidates: Sequence[Sequence[int]], logprobs: Sequence[Tensor] | Tensor,
-                          chosen: int) -> Tensor:
+                          chosen: int, temperature: float = 1.0) -> Tensor:
     """Per token of ``candidates[chosen]`` (length n), ``log q_j`` (module docstring): the
     candidates' token trie's conditional log-probs, summing to ``log pi(a) - log Z``.
+
+    ``temperature`` t (``rollout.action_temperature``): those of the tempered choice
+    ``q_t(a) = pi(a)^(1/t) / sum_c pi(c)^(1/t)`` instead, summing to ``log pi(a)/t - log Z_t``.
+    The same trie factorisation with every token's ``log pi`` divided by t: a candidate's mass
+    through a node is ``exp(log pi(c)/t)``, whose shared-prefix factor cancels in ``Z_{j+1}/Z_j``
+    as at t = 1.
 
     ``logprobs[i]`` holds ``log pi`` of each token of ``candidates[i]`` given the prompt and the
     candidate's earlier tokens: a list of 1-D tensors, or one (C, longest) tensor padded with
@@ -76,6 +82,8 @@ def renormalised_logprobs(candidates: Sequence[Sequence[int]], logprobs: Sequenc
         equal += int(c == a)
     lp = logprobs if isinstance(logprobs, Tensor) else \
         torch.nn.utils.rnn.pad_sequence(list(logprobs), batch_first=True)
+    if temperature != 1.0:
+        lp = lp / temperature
     # suffix sums S_c(j) = sum_{i >= j} lp_c[i] = log pi(c[j:] | s, c[:j]) (0 past the end)
     suffix = lp.flip(1).cumsum(1).flip(1)[:, :n]
     log_z = torch.logsumexp(suffix.masked_fill(~member.to(lp.device), float("-inf")), dim=0)  # Z_0 .. Z_{n-1}
@@ -133,9 +141,10 @@ class CandidatePlan:
         mask.masked_fill_(~self.allowed.to(device), torch.finfo(dtype).min)
         return mask[:, None]
 
-    def renormalise(self, token_lp: Tensor, main_logp: Tensor, extra_logp: Tensor) -> Tensor:
+    def renormalise(self, token_lp: Tensor, main_logp: Tensor, extra_logp: Tensor,
+                    temperature: float = 1.0) -> Tensor:
         """``token_lp`` (B, T; the conversation's per-token log-probs) with each constrained
-        reply's tokens replaced by ``renormalised_logprobs``. ``main_logp``: log-softmax rows of
+        reply's tokens replaced by ``renormalised_logprobs`` at choice temperature ``temperature``. ``main_logp``: log-softmax rows of
         the conversation's target positions (row-major, as ``policy_forward`` computes them);
         ``extra_logp``: those of the tree nodes then the extra positions."""
         values = torch.cat([main_logp[self.main_index, self.main_token],
@@ -144,7 +153,7 @@ class CandidatePlan:
         cols: list[int] = []
         new: list[Tensor] = []
         for (r, start, cands, k, _), matrix in zip(self.turns, self.matrices):
-            q = renormalised_logprobs(cands, values[matrix.to(values.device)], k)
+            q = renormalised_logprobs(cands, values[matrix.to(values.device)], k, temperature)
             rows += [r] * len(q)
             cols += range(start, start + len(q))
             new.append(q)

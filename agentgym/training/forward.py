@@ -30,20 +30,21 @@ def values_from_hidden(value_head: torch.nn.Module, hidden: torch.Tensor) -> tor
 
 
 def token_logprobs(
-    model: Policy, batch: TrainBatch, temperature: float, with_entropy: bool
+    model: Policy, batch: TrainBatch, temperature: float, with_entropy: bool, action_temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (B, T) of each token given its prefix, 0 at position 0 and masked positions.
 
     Only the hidden states of policy tokens go through the LM head (the vocabulary projection
     dominates memory for long multi-turn conversations).
     """
-    lp, ent, _, _ = policy_forward(model, batch, temperature, with_entropy)
+    lp, ent, _, _ = policy_forward(model, batch, temperature, with_entropy, action_temperature=action_temperature)
     return lp, ent
 
 
 def policy_forward(
     model: Policy, batch: TrainBatch, temperature: float, with_entropy: bool,
     value_head: torch.nn.Module | None = None, with_accuracy: bool = False, entropy_grad: bool = True,
+    action_temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``token_logprobs`` plus, given a value head, the values (B, T) from the same hidden states,
     and with ``with_accuracy`` a (B, T) float tensor, 1 where the token is the policy's argmax
@@ -52,7 +53,8 @@ def policy_forward(
 
     A batch with ``choices`` (``rollout.action_logprob: renormalised``) gets the log-probs of its
     constrained replies renormalised over their candidates, in the same forward: the candidates
-    are appended to each row as a token tree (``agentgym.training.action_logprob``). Entropy,
+    are appended to each row as a token tree (``agentgym.training.action_logprob``), at the
+    choice temperature ``action_temperature`` (``rollout.action_temperature``). Entropy,
     values and accuracy stay those of the conversation's tokens."""
     core = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     head = model.get_output_embeddings()
@@ -76,7 +78,8 @@ def policy_forward(
     out[:, 1:][target_mask] = lp
     if plan is not None:  # the candidates' tree nodes (and any position past a chosen reply)
         extra = torch.cat([hidden_all[plan.node_rows, plan.node_cols], hidden[plan.extra_rows, plan.extra_cols]])
-        out = plan.renormalise(out, logp_all, torch.log_softmax(head(extra).float() / temperature, dim=-1))
+        out = plan.renormalise(out, logp_all, torch.log_softmax(head(extra).float() / temperature, dim=-1),
+                               action_temperature)
     ent = None
     if with_entropy:
         # from the log-probs at hand: one pass over the vocabulary instead of softmax + logsumexp
@@ -108,11 +111,11 @@ class LogprobModel(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, loss_mask, temperature: float, with_entropy: bool,
                 with_values: bool = False, with_accuracy: bool = False, entropy_grad: bool = True,
-                choices: list[RowChoices] | None = None):
+                choices: list[RowChoices] | None = None, action_temperature: float = 1.0):
         batch = TrainBatch(input_ids, attention_mask, loss_mask, loss_mask, loss_mask, choices=choices)
         lp, ent, values, correct = policy_forward(self.policy, batch, temperature, with_entropy,
                                                    self.value_head if with_values else None, with_accuracy,
-                                                   entropy_grad)
+                                                   entropy_grad, action_temperature)
         out = (lp, ent, values) if with_values else (lp, ent)
         return out + (correct,) if with_accuracy else out
 

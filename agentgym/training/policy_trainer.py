@@ -139,6 +139,7 @@ class PolicyTrainer:
         algorithm: AlgorithmConfig,
         temperature: float = 1.0,
         seed: int = 0,
+        action_temperature: float = 1.0,
     ):
         import deepspeed
 
@@ -146,6 +147,7 @@ class PolicyTrainer:
         seed_everything(seed)
         trainer = resolve_zero_stage(trainer)  # auto without a checkpoint hint: create_trainer gives one
         self.cfg, self.algo, self.temperature = trainer, algorithm, temperature
+        self.action_temperature = action_temperature  # rollout.action_temperature: the tempered choice's log-probs
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.seed = seed
         self.model_path = str(model_path)
@@ -496,7 +498,7 @@ class PolicyTrainer:
                 shared = "values" in what and self.critic_mode == "shared"
                 if "logprobs" in what or shared:
                     out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, False, shared,
-                                      choices=mb.choices)
+                                      choices=mb.choices, action_temperature=self.action_temperature)
                     if "logprobs" in what:
                         parts["logprobs"].append(out[0].float().cpu())
                     if shared:
@@ -504,7 +506,7 @@ class PolicyTrainer:
                 if "values" in what and self.critic_mode == "separate":
                     parts["values"].append(self.critic_engine(mb.input_ids, mb.attention_mask).float().cpu())
                 if "ref_logprobs" in what and self.ref is not None:  # checked above: it is there
-                    parts["ref_logprobs"].append(token_logprobs(self.ref, mb, self.temperature, False)[0].float().cpu())
+                    parts["ref_logprobs"].append(token_logprobs(self.ref, mb, self.temperature, False, self.action_temperature)[0].float().cpu())
         finally:
             self.engine.train(was_training)
             if self.critic_engine is not None:
@@ -544,7 +546,8 @@ class PolicyTrainer:
     def _micro_loss(self, mb: TrainBatch, norm_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         shared = self.critic_mode == "shared"
         out = self.engine(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature, True, shared,
-                          entropy_grad=bool(self.algo.entropy_coef), choices=mb.choices)
+                          entropy_grad=bool(self.algo.entropy_coef), choices=mb.choices,
+                          action_temperature=self.action_temperature)
         lp, ent = out[0], out[1]
         loss, m = A.policy_loss(
             lp, mb.old_logprobs, mb.advantages, mb.loss_mask,
@@ -562,7 +565,7 @@ class PolicyTrainer:
             metrics.update(vm)
         if self.ref is not None and not self.algo.kl_in_reward:  # kl_in_reward: it is in the advantages
             with torch.no_grad():
-                ref_lp, _ = token_logprobs(self.ref, mb, self.temperature, False)
+                ref_lp, _ = token_logprobs(self.ref, mb, self.temperature, False, self.action_temperature)
             kl = A.kl_penalty(lp, ref_lp, self.algo.kl_estimator)
             kl_term = A.aggregate_loss(kl, mb.loss_mask, self.algo.loss_agg, norm_length=norm_length)
             loss = loss + self.algo.kl_coef * kl_term

@@ -71,15 +71,17 @@ class Trainer(Protocol):
 
 
 def create_trainer(model_path: str | Path, tokenizer: Any, trainer: TrainerConfig, algorithm: AlgorithmConfig,
-                   temperature: float = 1.0, seed: int = 0, ray_cfg: RayConfig | None = None) -> Trainer:
+                   temperature: float = 1.0, seed: int = 0, ray_cfg: RayConfig | None = None,
+                   action_temperature: float = 1.0) -> Trainer:
     """A ``PolicyTrainer`` in this process, or (``ray_cfg`` given, or ``trainer.world_size`` > 1)
     a ``RayTrainerGroup`` of ``world_size`` rank actors on the cluster ``ray_cfg`` names.
     ``trainer.zero_stage: auto`` follows the trainer state in ``model_path`` when it is a checkpoint
     folder being resumed (``zero_stage.resolve_zero_stage``)."""
     trainer = resolve_zero_stage(trainer, model_path)
     if ray_cfg is None and trainer.world_size == 1:
-        return PolicyTrainer(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed)
+        return PolicyTrainer(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed,
+                             action_temperature=action_temperature)
     from agentgym.cluster.trainer_group import RayTrainerGroup  # Ray is imported only on this path
 
     return RayTrainerGroup(model_path, tokenizer, trainer, algorithm, temperature=temperature, seed=seed,
-                           ray_cfg=ray_cfg)
+                           ray_cfg=ray_cfg, action_temperature=action_temperature)

@@ -47,20 +47,36 @@ def _trie_conditionals(cands, lps, k):
 CANDIDATES = [[5, 6, 7, 2], [5, 6, 8, 2], [5, 9, 2], [5, 6, 7, 2, 4], [5, 6, 8, 2], [3, 2]]
 
 
+@pytest.mark.parametrize("t", [1.0, 2.5, 0.5])
 @pytest.mark.parametrize("k", range(len(CANDIDATES)))
-def test_renormalised_logprobs_are_the_candidate_trie_conditionals(k):
+def test_renormalised_logprobs_are_the_candidate_trie_conditionals(k, t):
+    """At choice temperature t (rollout.action_temperature) the distribution is
+    pi(a)^(1/t) / sum_c pi(c)^(1/t): the brute-force trie of the masses exp(log pi(c) / t)."""
     g = torch.Generator().manual_seed(k)
     node: dict[tuple, float] = {}  # log pi(c_j | c_<j): one value per prefix, as a model gives
     lps = [torch.tensor([node.setdefault(tuple(c[:j + 1]), -3 * float(torch.rand(1, generator=g)))
                          for j in range(len(c))], dtype=torch.float64) for c in CANDIDATES]
-    got = renormalised_logprobs(CANDIDATES, lps, k)
+    got = renormalised_logprobs(CANDIDATES, lps, k, t)
     # the sum is the action-level renormalised log-prob (duplicates count for the reply they equal)
     same = [i for i, c in enumerate(CANDIDATES) if c == CANDIDATES[k]]
-    want = torch.logsumexp(torch.stack([lps[i].sum() for i in same]), 0) - \
-        torch.logsumexp(torch.stack([x.sum() for x in lps]), 0)
+    want = torch.logsumexp(torch.stack([lps[i].sum() / t for i in same]), 0) - \
+        torch.logsumexp(torch.stack([x.sum() / t for x in lps]), 0)
     assert float(got.sum()) == pytest.approx(float(want), abs=1e-12)
-    assert got.tolist() == pytest.approx(_trie_conditionals(CANDIDATES, [x.tolist() for x in lps], k), abs=1e-12)
+    assert got.tolist() == pytest.approx(_trie_conditionals(CANDIDATES, [(x / t).tolist() for x in lps], k), abs=1e-12)
     assert float(got[0]) <= 0 and all(float(x) <= 1e-12 for x in got)
+    # the tempered choice's probabilities over the distinct candidates sum to 1
+    distinct = {tuple(c): i for i, c in enumerate(CANDIDATES)}
+    total = sum(math.exp(float(renormalised_logprobs(CANDIDATES, lps, i, t).sum())) for i in distinct.values())
+    assert total == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_choice_temperature_above_1_flattens_the_choice():
+    cands = [[1, 2], [3], [1, 4, 5]]
+    lps = [torch.tensor([-0.1, -0.2], dtype=torch.float64), torch.tensor([-3.0], dtype=torch.float64),
+           torch.tensor([-0.1, -2.0, -1.0], dtype=torch.float64)]
+    probs = {t: [math.exp(float(renormalised_logprobs(cands, lps, i, t).sum())) for i in range(3)] for t in (1.0, 3.0)}
+    assert max(probs[3.0]) < max(probs[1.0]) and min(probs[3.0]) > min(probs[1.0])
+    assert probs[1.0].index(max(probs[1.0])) == probs[3.0].index(max(probs[3.0]))  # greedy unchanged
 
 
 def test_a_token_every_candidate_shares_gets_log_prob_zero():
@@ -217,6 +233,15 @@ def test_renormalised_needs_constrained_actions():
         PipelineConfig(rollout={"constrain_actions": True, "action_logprob": "renormalized"})
 
 
+def test_a_choice_temperature_needs_the_renormalised_rule():
+    cfg = PipelineConfig(rollout={"constrain_actions": True, "action_logprob": "renormalised", "action_temperature": 2})
+    assert cfg.rollout.action_temperature == 2.0
+    with pytest.raises(ValueError, match="or rollout.action_temperature: 1.0"):
+        PipelineConfig(rollout={"constrain_actions": True, "action_temperature": 2})
+    with pytest.raises(ValueError, match="action_temperature"):
+        PipelineConfig(rollout={"constrain_actions": True, "action_logprob": "renormalised", "action_temperature": 0})
+
+
 # -- the sampler's stored value is the trainer's recomputation -------------------------------------
 SYSTEM = "Reach the goal."
 
@@ -227,11 +252,11 @@ def played(tiny_path):
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32), tok)
     fmt = ChatFormatter(tok, response_prefix="Action:")
 
-    def play(rule: str, policy: str = "truncate"):
+    def play(rule: str, policy: str = "truncate", action_temperature: float = 1.0):
         specs = [EpisodeSpec("babyai", t, 0, f"g{t}", f"e{t}", {"observation_style": "compact"}) for t in range(4)]
         settings = RolloutSettings(horizon=5, max_new_tokens=12, seed=3, system_prompt=SYSTEM, stop=["\n"],
                                    constrain_actions=True, action_logprob=rule, context_policy=policy,
-                                   context_window=1)
+                                   context_window=1, action_temperature=action_temperature)
         return run_episodes(engine, fmt, specs, settings, make_env)
 
     return play, tiny_path, tok
@@ -254,15 +279,16 @@ def test_the_default_rule_records_nothing_and_stores_the_policys_logprobs(played
             assert f.input_ids[s:s + n] in cands
 
 
-@pytest.mark.parametrize("policy", ["truncate", "window"])
-def test_the_trainer_recomputes_the_samplers_renormalised_logprobs(played, tmp_path, policy):
+@pytest.mark.parametrize(("policy", "action_temperature"), [("truncate", 1.0), ("window", 1.0), ("truncate", 2.0)])
+def test_the_trainer_recomputes_the_samplers_renormalised_logprobs(played, tmp_path, policy, action_temperature):
     """Through the store (episodes -> EpisodeBatch -> train_batch -> segments -> TrainBatch) the
     trainer's log-probs at the same weights equal the stored ones, and the first PPO step's ratio
-    is 1 (within 2e-4, as the other sampler/trainer invariants)."""
+    is 1 (within 2e-4, as the other sampler/trainer invariants); at a choice temperature too, which
+    the trainer must be given (at 1 its log-probs differ)."""
     from agentgym.store.trajectory_store import TrajectoryStore
 
     play, path, tok = played
-    eps = play("renormalised", policy)
+    eps = play("renormalised", policy, action_temperature)
     if policy == "window":
         assert any(e.context_starts for e in eps)
     store = TrajectoryStore(str(tmp_path / "store"), "renorm")
@@ -280,11 +306,16 @@ def test_the_trainer_recomputes_the_samplers_renormalised_logprobs(played, tmp_p
     tb = segments.padded(0)
     assert tb.choices is not None and sum(map(len, tb.choices)) == sum(len(e.action_starts) for e in eps)
     tr = PolicyTrainer(path, tok, TrainerConfig(learning_rate=1e-4, bf16=False, micro_batch_size=2),
-                       AlgorithmConfig(), seed=0, temperature=1.0)
+                       AlgorithmConfig(), seed=0, temperature=1.0, action_temperature=action_temperature)
     got = merge_segments(tr.compute(tb, ["logprobs"])["logprobs"], spans, (len(eps), max(len(e.input_ids) for e in eps)))
     want = batch.padded(0)
     mask = want.loss_mask.bool()
     torch.testing.assert_close(got[mask], want.old_logprobs[mask], atol=2e-4, rtol=0)
+    if action_temperature != 1.0:
+        tr.action_temperature = 1.0
+        untempered = merge_segments(tr.compute(tb, ["logprobs"])["logprobs"], spans, got.shape)
+        assert (untempered[mask] - want.old_logprobs[mask]).abs().max() > 1e-2
+        tr.action_temperature = action_temperature
     # the policy's own log-probs are not what was stored
     plain = tr.compute(TrainBatch(**{**tb.tensors()}), ["logprobs"])["logprobs"]
     assert (merge_segments(plain, spans, got.shape)[mask] - want.old_logprobs[mask]).abs().max() > 1e-2

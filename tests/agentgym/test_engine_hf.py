@@ -194,6 +194,10 @@ def test_candidate_tree_feeds_each_shared_prefix_once():
     assert index == {(5,): 0, (5, 6): 1, (5, 6, 8): 2}
 
 
+def _chi2(counts, expected):
+    return sum((c - e) ** 2 / e for c, e in zip(counts, expected))
+
+
 def test_choice_samples_in_proportion_to_likelihood(engine):
     """Over many seeds the chosen candidate's frequency follows softmax(sequence log-likelihood)
     (conditioning the policy on the candidate set): chi-square against the closed form."""
@@ -213,11 +217,30 @@ def test_choice_samples_in_proportion_to_likelihood(engine):
         counts[cands.index(s.token_ids)] += 1
     expected = [float(q) * n for q in probs]
     assert min(expected) > 5, expected
-    chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
-    assert chi2 < 10.83, (counts, expected)  # p = 0.001 for 1 degree of freedom
+    assert _chi2(counts, expected) < 10.83, (counts, expected)  # p = 0.001 for 1 degree of freedom
     again = engine.choose(batch[:20], [cands] * 20, SamplingParams(seed=3))
     assert [s.token_ids for s in again] == [s.token_ids for s in engine.choose(
         batch[:20], [cands] * 20, SamplingParams(seed=3))]
+
+
+def test_a_choice_temperature_samples_the_tempered_likelihood(engine):
+    """choice_temperature t (rollout.action_temperature): frequencies follow softmax(score / t),
+    not softmax(score); greedy is unchanged."""
+    prompt = _prompts(engine)[1]
+    score = {tuple(c): sum(engine.choose([prompt], [[c]], SamplingParams())[0].logprobs) for c in _candidates(engine)}
+    ranked = sorted(score, key=score.get)
+    cands = [list(ranked[-1]), list(ranked[len(ranked) // 2])]  # the likeliest and a middling one
+    scores = torch.tensor([score[tuple(c)] for c in cands], dtype=torch.float64)
+    t, n = 3.0, 600
+    counts = [0, 0]
+    for s in engine.choose([prompt] * n, [cands] * n, SamplingParams(seed=5, choice_temperature=t)):
+        counts[cands.index(s.token_ids)] += 1
+    tempered = [float(q) * n for q in torch.softmax(scores / t, 0)]
+    plain = [float(q) * n for q in torch.softmax(scores, 0)]
+    assert _chi2(counts, tempered) < 10.83, (counts, tempered)
+    assert _chi2(counts, plain) > 10.83, (counts, plain)  # the temperature was applied
+    greedy = engine.choose([prompt], [cands], SamplingParams(greedy=True, choice_temperature=t))[0]
+    assert greedy.token_ids == cands[0]
 
 
 def test_choice_keeps_the_conversation_cache(tiny_path):

@@ -30,6 +30,9 @@ class SamplingParams:
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 1.0
+    #: ``choose`` only: draw candidate ``a`` with probability proportional to
+    #: ``pi(a)^(1/choice_temperature)`` (``rollout.action_temperature``)
+    choice_temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
     stop_token_ids: list[int] = field(default_factory=list)

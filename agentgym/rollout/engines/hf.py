@@ -462,7 +462,8 @@ class HFEngine:
         """For each prompt, one of its candidate replies ``choices[i]`` (token-id lists, e.g. every
         valid action in the reply format), drawn with probability proportional to the policy's
         probability of generating it at ``params.temperature`` -- sampling conditioned on the reply
-        being one of the candidates (GLAM-style action scoring); ``params.greedy``: the most
+        being one of the candidates (GLAM-style action scoring), each candidate's probability raised
+        to ``1 / params.choice_temperature`` before normalising; ``params.greedy``: the most
         likely candidate (first on ties). ``top_p`` and the stop settings do not apply.
 
         The returned ``Sample`` holds the chosen ids and their per-token
@@ -509,7 +510,7 @@ class HFEngine:
             if params.greedy:
                 pick = int(scores.argmax())
             else:
-                pick = int(draws.pick(torch.softmax(scores, 0)[None], [r])[0])
+                pick = int(draws.pick(torch.softmax(scores / params.choice_temperature, 0)[None], [r])[0])
             out.append(Sample(list(cands[pick]), list(lps[pick]), "stop", [list(x) for x in lps]))
         self.generated_tokens += sum(len(s.token_ids) for s in out)
         return out
