@@ -321,6 +321,13 @@ def run_steps(client, run) -> list[float]:
     return [eps[s] * turns[s] for s in sorted(set(eps) & set(turns))]
 
 
+def train_success(client, run_id: str) -> list[float]:
+    """The training episodes' success rate of every RL iteration of a pipeline run, in order."""
+    from agentgym.tracking.metric_history import metric_history
+
+    return [m.value for m in sorted(metric_history(client, run_id, "success_rate"), key=lambda m: m.step)]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from mlflow.tracking import MlflowClient
 
@@ -361,6 +368,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     steps = run_steps(client, run)
     write_cell(cell, args.env, args.schedule, per_env_from_report(report["greedy"]), record,
                {**extra, "seed": args.seed, "stages": sched, "steps_per_iteration": steps, "env_steps": sum(steps),
+                "train_success": train_success(client, run.info.run_id),
                 "wall_min": ((run.info.end_time or 0) - run.info.start_time) / 60000,
                 "mlflow_run_id": run.info.run_id})
     return 0
@@ -525,6 +533,88 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def backfill_train_success(folder: Path = RECORDS) -> list[Path]:
+    """Give each RL record written before ``train_success`` was recorded its training curve, from
+    its MLflow run (``mlflow_run_id`` in ``TRACKING``); rewrites those records, returns them. A
+    record whose run this machine's MLflow store lacks is left as it is."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri())
+    done = []
+    for path in sorted(folder.glob("table1-*.json")):
+        rec = json.loads(path.read_text())
+        res = rec["results"]
+        if res["row"] not in RL_ROWS or "train_success" in res or "mlflow_run_id" not in res:
+            continue
+        try:
+            curve = train_success(client, res["mlflow_run_id"])
+        except MlflowException:
+            continue
+        if len(curve) != len(res["steps_per_iteration"]):
+            continue
+        res["train_success"] = curve
+        path.write_text(json.dumps(rec, indent=1) + "\n")
+        done.append(path)
+    return done
+
+
+def curve_figure(records: list[dict[str, Any]], env: str, out: Path) -> Path | None:
+    """``env``'s RL cells as one figure: the training episodes' success per iteration against the
+    cumulative environment steps (one line per row and seed; a vertical tick where a stage ends)
+    and, at each line's end, its held-out success; the random and base rows' held-out success as
+    horizontal lines. None when no RL record of ``env`` has a training curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    runs = sorted((r for r in records if r["env"] == env and r["row"] in RL_ROWS and r.get("train_success")),
+                  key=lambda r: (r["row"], r.get("seed", 0)))
+    if not runs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = {"scaling": "tab:blue", "long": "tab:orange"}
+    for label, ls in (("random", ":"), ("base", "--")):
+        for r in records:
+            if r["env"] == env and r["row"] == label:
+                for name, d in r["per_env"].items():
+                    held = float(np.mean(d["success"]))
+                    ax.axhline(held, color="grey", ls=ls, lw=1, label=f"{label} held-out ({name}) {held:.3f}")
+    for r in runs:
+        xs = np.cumsum(r["steps_per_iteration"])
+        ax.plot(xs, r["train_success"], color=colours[r["row"]], alpha=0.8, marker=".",
+                ls="-" if r.get("seed", 0) == 0 else ("--" if r.get("seed") == 1 else "-."),
+                label=f"{r['row']} s{r.get('seed', 0)} training")
+        ends = np.cumsum([s["iterations"] for s in r["stages"]])[:-1]
+        for e in ends:
+            ax.axvline(xs[e - 1], color=colours[r["row"]], lw=0.5, alpha=0.4)
+        for name, d in r["per_env"].items():
+            ax.plot([xs[-1]], [float(np.mean(d["success"]))], marker="*", ms=12, color=colours[r["row"]], ls="none")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.plot([], [], marker="*", ms=10, color="black", ls="none", label="held-out after RL")
+    ax.set_title(f"{COLUMNS[env]}: training success per iteration, held-out after RL (stars)", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def cmd_curves(args: argparse.Namespace) -> int:
+    for path in backfill_train_success():
+        print(f"train_success added: {_shown(path)}")
+    records = load_records()
+    for env in (args.env or sorted(COLUMNS)):
+        out = curve_figure(records, env, RECORDS / f"curves-{env}.png")
+        if out is not None:
+            print(f"figure: {_shown(out)}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -559,9 +649,11 @@ def main() -> int:
     pr.add_argument("--label", default=None,
                     help="suffix of the record's name (probes/<env>[-stageN]-<label>.json), e.g. for a --set variant")
     sub.add_parser("report", help="the Markdown table from the committed records")
+    cu = sub.add_parser("curves", help="each environment's RL cells as a figure, records/curves-<env>.png")
+    cu.add_argument("--env", choices=sorted(COLUMNS), action="append", help="default: every environment with RL records")
     args = p.parse_args()
     return {"random": cmd_random, "random-train": cmd_random_train, "base": cmd_base, "run": cmd_run, "probe": cmd_probe,
-            "report": cmd_report}[args.cmd](args)
+            "report": cmd_report, "curves": cmd_curves}[args.cmd](args)
 
 
 if __name__ == "__main__":

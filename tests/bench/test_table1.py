@@ -167,3 +167,27 @@ def test_random_train_scores_a_stages_task_subset_and_writes_its_record(tmp_path
     assert got["tasks"] == load_config(table1.config_path("textcraft")).stages[0].tasks["textcraft"]
     assert rec["horizon"] == 6 and all(0 <= w <= 2 for w in got["seeds_won"])
     assert got["success"] == sum(got["seeds_won"]) / (2 * len(got["tasks"])) > 0
+
+
+def test_the_curve_figure_draws_the_rl_cells_that_have_a_training_curve(tmp_path):
+    recs = _synthetic()
+    assert table1.curve_figure(recs, "babyai", tmp_path / "none.png") is None  # no training curve yet
+    assert not (tmp_path / "none.png").exists()
+    for r in recs:
+        if r["row"] in table1.RL_ROWS:
+            n = sum(s["iterations"] for s in r.setdefault("stages", [{"horizon": 5, "iterations": 2},
+                                                                      {"horizon": 10, "iterations": 2}]))
+            r["steps_per_iteration"], r["train_success"] = [100.0] * n, [i / n for i in range(n)]
+    out = table1.curve_figure(recs, "babyai", tmp_path / "curves.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert table1.curve_figure(recs, "textcraft", tmp_path / "tc.png") is None
+
+
+def test_every_committed_rl_record_has_its_training_curve():
+    """One value per iteration, as many as its environment steps (run records it since the
+    curves; older records got it from their MLflow runs: ``table1.py curves``)."""
+    runs = [r for r in table1.load_records() if r["row"] in table1.RL_ROWS]
+    assert runs
+    for r in runs:
+        assert len(r["train_success"]) == len(r["steps_per_iteration"]) == sum(s["iterations"] for s in r["stages"]), r["cell"]
+        assert all(0.0 <= x <= 1.0 for x in r["train_success"]), r["cell"]
