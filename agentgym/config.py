@@ -694,6 +694,15 @@ class ScheduleConfig(_Strict):
                                      json_schema_extra=_form_note("Empty (None) when stages are given."))
     steps_per_stage: int | None = Field(None, ge=1, description="Shorthand: iterations per stage.",
                                         json_schema_extra=_form_note("Empty (None) when stages are given."))
+    max_env_steps: int | None = Field(
+        None, ge=1,
+        description="An environment-step budget: the run ends after the iteration whose training "
+        "rollouts bring its environment steps (turns played, every stage, a resumed run's earlier "
+        "attempts included) to this many or more; its later iterations and stages are skipped and "
+        "the held-out evaluation (heldout.enabled) scores the policy at that point. For comparisons "
+        "at equal environment steps (bench/learning/table1.py's fixed-horizon row). Needs "
+        "rollout.async_steps: 0.",
+        json_schema_extra=_form_note("Empty (None): no budget, every stage's iterations run."))
 
     @model_validator(mode="after")
     def _resolve(self) -> "ScheduleConfig":
@@ -985,6 +994,11 @@ class PipelineConfig(_Strict):
                 "rollout.async_steps > 0 trains on episodes sampled by an older policy: the PPO ratio "
                 "must be taken against the sampler's log-probs, so set algorithm.recompute_old_logprobs: "
                 "false (or rollout.async_steps: 0)")
+        if self.schedule.max_env_steps is not None and self.rollout.async_steps:
+            raise ValueError(
+                "schedule.max_env_steps ends the run after the iteration that reaches it, but "
+                f"rollout.async_steps={self.rollout.async_steps} plays later iterations' rollouts before "
+                "that is known; set rollout.async_steps: 0 or schedule.max_env_steps: null")
         self._check_stage_tasks()
         if self.heldout.enabled and not any(e.eval_tasks for e in self.envs):
             raise ValueError("heldout.enabled needs eval_tasks on at least one environment; list "

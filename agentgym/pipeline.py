@@ -189,6 +189,8 @@ def episode_metrics(episodes: Episodes) -> dict[str, float]:
     ok = [EpisodeSummary.of(e) for e in episodes if not e.infra_error]
     turns = sum(e.num_turns for e in ok)
     return {
+        # every turn played, infra-failed episodes' too: what schedule.max_env_steps counts
+        "env_steps": float(sum(EpisodeSummary.of(e).num_turns for e in episodes)),
         "reward_mean": float(np.mean([e.reward for e in ok])) if ok else float("nan"),
         "success_rate": float(np.mean([e.success for e in ok])) if ok else float("nan"),
         "turns_per_episode": float(np.mean([e.num_turns for e in ok])) if ok else float("nan"),

@@ -9,6 +9,10 @@
 
 The stage of a global step is ``agentgym.schedule.position(stages, step)``: a pure function,
 so a resumed run is in the same stage, at the same horizon, as an uninterrupted one.
+
+With ``schedule.max_env_steps`` the run ends after the iteration that spends the budget (the
+environment steps played so far are read back from MLflow, so a resumed run counts its earlier
+attempts'); that stage's checkpoint is the final policy and is evaluated held out.
 """
 
 from __future__ import annotations
@@ -66,6 +70,18 @@ def headline(metrics: dict[str, float]) -> dict[str, float]:
     return {HEADLINE_PREFIX + k: metrics[k] for k in STAGE_TABLE_METRICS if k in metrics}
 
 
+def env_steps_played(tracker: Tracker, parent_mlflow_id: str, before: int) -> float:
+    """Environment steps the run's training rollouts played at global steps below ``before``
+    (the pipeline run's ``env_steps`` per iteration; a redone step counts once)."""
+    return float(sum(v for step, v in tracker.metric_steps(parent_mlflow_id, "env_steps") if step < before))
+
+
+def budget_spent(config: PipelineConfig, env_steps: float) -> bool:
+    """Whether ``env_steps`` played spend ``schedule.max_env_steps`` (never, without one)."""
+    budget = config.schedule.max_env_steps
+    return budget is not None and env_steps >= budget
+
+
 def _stage_history(tracker: Tracker, child: str) -> list[dict[str, Any]]:
     """The stage run's ``STAGE_TABLE_METRICS`` per global step, read back from MLflow: after a
     resume it holds every attempt's iterations, not only the last one's."""
@@ -94,12 +110,14 @@ def _stage_artifact(tracker: Tracker, run_id: str, index: int, horizon: int, chi
 @flow(name="stage", flow_run_name="stage-{index}-horizon-{horizon}", log_prints=True)
 def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index: int,
                horizon: int, iterations: int, start_iteration: int = 0,
-               redo_steps: list[int] | None = None) -> dict[str, Any]:
+               redo_steps: list[int] | None = None, env_steps_before: float = 0.0) -> dict[str, Any]:
     """Run one ScalingInter-RL stage: ``iterations`` RL iterations capped at ``horizon`` turns.
 
     ``start_iteration`` > 0 resumes the stage after a checkpoint taken mid-stage.
     ``redo_steps``: global steps a killed attempt logged from work the resume retracted; their
     metrics and evaluations are logged again (MLflow keeps both values; the later one counts).
+    ``env_steps_before``: the environment steps the run played before ``start_iteration``; the
+    stage stops early once they reach ``schedule.max_env_steps`` (its summary's ``budget_spent``).
     """
     logger = get_run_logger()
     tracker = Tracker.from_config(config.tracking)
@@ -115,8 +133,12 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     # (async) rollouts of the next iterations, oldest first: each plays after the one before it
     # (one engine plays one rollout at a time), with the weights synced at its start
     queued: deque[PrefectFuture] = deque()
+    played, done = env_steps_before, iterations
     try:
         for it in range(start_iteration, iterations):
+            if budget_spent(config, played):  # schedule.max_env_steps: the run ends here
+                done = it
+                break
             gs = start + it
             pos = position(config.stages, gs)
             assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
@@ -138,6 +160,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             upd = update_policy(config, run_id, index, it, gs, sync=not k)
             metrics = {**iteration_metrics(rollout, adv, upd), "horizon": horizon}
             metrics.update(headline(metrics))
+            played += metrics.get("env_steps", 0.0)
             # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
             # killed attempt may have logged past its checkpoint to one run or both
             tracker.log_trajectory_commit(
@@ -155,9 +178,12 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
             logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
                         index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
             progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics)
-            if every and (gs + 1) % every == 0 and it != iterations - 1:
+            if every and (gs + 1) % every == 0 and it != iterations - 1 and not budget_spent(config, played):
                 save_checkpoint(config, run_id, child, index, gs + 1)
-        checkpoint = save_checkpoint(config, run_id, child, index, start + iterations)
+        if done == start_iteration > 0:  # resumed at the checkpoint where the budget ran out: it ends the stage
+            checkpoint = tracker.run_checkpoint(child)
+        else:
+            checkpoint = save_checkpoint(config, run_id, child, index, start + done)
         if k:  # the next stage starts on this stage's last update
             sync_policy(config, run_id, index, iterations)
     except BaseException:  # the stage run must not stay RUNNING in MLflow; a re-run reopens it
@@ -170,7 +196,8 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     published = _for_readers("trajectory viewer", publish_viewer, config, run_id, parent_mlflow_id, index)
     viewer = published["uri"] if published else None
     _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
-    return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer}
+    return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer,
+            "end_step": start + done, "env_steps": played, "budget_spent": budget_spent(config, played)}
 
 
 def _drain(queued: deque[PrefectFuture]) -> None:
@@ -268,15 +295,26 @@ def scaling_inter_rl(
                 child = tracker.stage_run(parent, run_id, index, spec.horizon, spec.iterations)
                 tracker.finish_stage(child)
                 ckpt = restored["checkpoint"] if start_step == first + spec.iterations else None
-                stages.append(_stage_summary(_stage_history(tracker, child), child, index, spec.horizon,
-                                             spec.iterations, ckpt))
+                end = first + spec.iterations
+                played = env_steps_played(tracker, parent, end) if config.schedule.max_env_steps else 0.0
+                stages.append({**_stage_summary(_stage_history(tracker, child), child, index, spec.horizon,
+                                                spec.iterations, ckpt),
+                               "end_step": end, "env_steps": played, "budget_spent": budget_spent(config, played)})
             else:
+                resume_at = max(start_step, first)
                 with tags(*run_tags(run_id), f"stage:{index}", f"horizon:{spec.horizon}"):
                     stages.append(stage_flow(config, run_id, parent, index, spec.horizon, spec.iterations,
-                                             start_iteration=max(0, start_step - first),
+                                             start_iteration=resume_at - first,
                                              redo_steps=[s for s in restored["retracted_steps"]
-                                                         if first <= s < first + spec.iterations]))
-            last = index == len(config.stages) - 1
+                                                         if first <= s < first + spec.iterations],
+                                             env_steps_before=env_steps_played(tracker, parent, resume_at)
+                                             if config.schedule.max_env_steps else 0.0))
+            spent = stages[-1]["budget_spent"]  # schedule.max_env_steps: no later stage runs
+            if spent:
+                get_run_logger().info("schedule.max_env_steps=%d spent (%d environment steps) at step %d: the run "
+                                      "ends after stage %d", config.schedule.max_env_steps, stages[-1]["env_steps"],
+                                      stages[-1]["end_step"], index)
+            last = index == len(config.stages) - 1 or spent
             if config.heldout.enabled and (config.heldout.every_stage or last):  # at the stage's end
                 ckpt = tracker.run_checkpoint(stages[-1]["mlflow_run_id"])
                 if ckpt is None:  # every stage ends with save_checkpoint
@@ -284,10 +322,12 @@ def scaling_inter_rl(
                                        "checkpoint to evaluate held out")
                 heldout[f"stage-{index}"] = heldout_policy(config, parent, f"stage-{index}", ckpt)
                 curve = _for_readers("learning curve", publish_learning_curve, config, run_id, parent) or curve
+            if spent:
+                break
         table = publish_comparison(run_id, heldout, tracker.run_link(parent)) if heldout else []
         model = None
         if config.tracking.log_model and stages[-1]["checkpoint"]:
-            model = log_final_policy(config, run_id, parent, stages[-1]["checkpoint"], total_steps(config.stages))
+            model = log_final_policy(config, run_id, parent, stages[-1]["checkpoint"], stages[-1]["end_step"])
         tracker.finish_pipeline(parent)
     except BaseException:
         tracker.finish_pipeline(parent, "FAILED")

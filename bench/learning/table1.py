@@ -9,13 +9,13 @@ environment (its BabyAI and TextCraft held-out tasks, one column each). Rows:
 * ``scaling`` -- after ScalingInter-RL from the base model: the config's own stages (horizons),
   ``ITERATIONS_PER_STAGE[env]`` iterations each (sized so one run takes <= ~40 minutes here);
 * ``long`` -- after a fixed long horizon (the config's last stage horizon) from the base model at
-  the same environment-step budget as the scaling run of the same seed (``long_iterations``).
+  the same environment-step budget as the scaling run of the same seed (``schedule.max_env_steps``).
 
 Every row is scored on the config's held-out ``eval_tasks`` (>= 32 per environment, disjoint from
 its training tasks; tests/bench/test_table1_configs.py) at the held-out horizon (``heldout.horizon``
 or the last stage's), greedy, with the same environment reset seed. Commands, one per cell; each
-resumes when re-run (the RL cells' run ids are fixed by env, schedule and seed; an evaluation cell
-is redone from scratch, its record replaced)::
+resumes when re-run (the RL cells' run ids are fixed by env, schedule and seed -- ``run_id``; an
+evaluation cell is redone from scratch, its record replaced)::
 
     .venv/bin/python bench/learning/table1.py random --env babyai        # 10 seeds
     .venv/bin/python bench/learning/table1.py base --env babyai
@@ -24,11 +24,13 @@ is redone from scratch, its record replaced)::
     .venv/bin/python bench/learning/table1.py run --env babyai --schedule long --seed 0
     .venv/bin/python bench/learning/table1.py report                     # Markdown table
 
-The environment-step budget: the pipeline has no env-step budget of its own, so the long run's
-iterations are computed from the scaling run's committed record (``long_iterations``): its total
-environment steps divided by the environment steps per iteration of its last stage, which plays at
-the long run's horizon. The long run's record keeps both runs' steps; ``report`` prints the ratio.
-A ``run --schedule long`` before the scaling run of its seed has finished is refused.
+The environment-step budget: the long run gets ``schedule.max_env_steps`` = the scaling run's
+environment steps (its committed record), so the pipeline ends it after the iteration that spends
+them (at most one iteration over), and an iteration cap that cannot bind first (``long_cap``: one
+step per episode). The long run's record keeps both runs' steps; ``report`` prints the ratio.
+Long records made before the budget existed (iterations estimated from the scaling run's last
+stage, run ids without ``-budget``) are marked so in the ratio table. A ``run --schedule long``
+before the scaling run of its seed has finished is refused.
 
 Records: every cell writes ``docs/results/table1/<cell>.json`` (``results_io``: command, commit,
 machine, load; and per environment the held-out task ids with the success -- and the episode
@@ -147,33 +149,37 @@ def stages(env: str, schedule: str, iterations: int | None = None) -> list[dict[
         return [s.model_copy(update={"iterations": n}).model_dump(exclude_none=True) for s in load_cfg(env).stages]
     if schedule == "long":
         if not iterations:
-            raise ValueError("the long schedule's iterations come from the scaling run (long_iterations)")
+            raise ValueError("the long schedule's iterations come from the scaling run's budget (long_cap)")
         return [{"horizon": heldout_horizon(env), "iterations": int(iterations)}]
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def long_iterations(steps_per_iteration: list[float], stage_iterations: list[int]) -> int:
-    """Iterations of the fixed long horizon that spend the scaling run's environment steps.
-
-    ``steps_per_iteration``: the scaling run's environment steps of every iteration, in order;
-    ``stage_iterations``: its stages' iteration counts (the last stage plays at the long horizon).
-    The budget is the sum; one long iteration is estimated at the mean of the last stage's
-    iterations. Returns ``round(budget / per_iteration)``, at least 1."""
-    if sum(stage_iterations) != len(steps_per_iteration):
-        raise ValueError(f"{len(steps_per_iteration)} iterations recorded, the stages have {sum(stage_iterations)}")
-    last = steps_per_iteration[-stage_iterations[-1]:]
-    per_iteration = sum(last) / len(last)
-    if per_iteration <= 0:
-        raise ValueError("the scaling run's last stage recorded no environment steps")
-    return max(1, round(sum(steps_per_iteration) / per_iteration))
+def long_cap(budget: float, episodes_per_iteration: int) -> int:
+    """The long run's iteration count: a cap that ``schedule.max_env_steps`` = ``budget`` always
+    reaches first, since every episode plays at least one environment step (dynamic sampling only
+    adds episodes to an iteration)."""
+    if budget <= 0 or episodes_per_iteration <= 0:
+        raise ValueError(f"no budget to spend: {budget} env steps, {episodes_per_iteration} episodes an iteration")
+    return max(1, math.ceil(budget / episodes_per_iteration))
 
 
-def rl_overrides(env: str, schedule: str, seed: int, iterations: int | None = None) -> list[str]:
-    """``agentgym train --set`` of one RL cell: the config as shipped, its schedule replaced,
-    held-out evaluation of the final policy only (random and base are their own cells: one random
-    seed here, no base), at the table's held-out horizon, tracked in ``TRACKING``."""
+def run_id(env: str, row: str, seed: int) -> str:
+    """The pipeline run id of an RL cell: its cell id; a long row's with ``-budget`` (runs made
+    since it stops at ``schedule.max_env_steps``: a different config from the earlier long runs,
+    which a resume would refuse)."""
+    cell = cell_id(env, row, seed)
+    return f"{cell}-budget" if row == "long" else cell
+
+
+def rl_overrides(env: str, schedule: str, seed: int, iterations: int | None = None,
+                 max_env_steps: int | None = None) -> list[str]:
+    """``agentgym train --set`` of one RL cell: the config as shipped, its schedule replaced (and
+    for the long row its environment-step budget), held-out evaluation of the final policy only
+    (random and base are their own cells: one random seed here, no base), at the table's held-out
+    horizon, tracked in ``TRACKING``."""
+    budget = [f"schedule.max_env_steps={int(max_env_steps)}"] if max_env_steps is not None else []
     return [f"tracking.tracking_uri={TRACKING}", f"tracking.experiment=agentgym-table1-{env}",
-            f"schedule.stages={json.dumps(stages(env, schedule, iterations))}", f"seed={seed}",
+            f"schedule.stages={json.dumps(stages(env, schedule, iterations))}", *budget, f"seed={seed}",
             "heldout.enabled=true", "heldout.base=false", "heldout.every_stage=false", "heldout.random_seeds=1",
             f"heldout.horizon={heldout_horizon(env)}", "sft.enabled=false"]
 
@@ -346,18 +352,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"--seed {args.seed}", file=sys.stderr)
             return 2
         sc = json.loads(scaling.read_text())["results"]
-        iterations = long_iterations(sc["steps_per_iteration"], [s["iterations"] for s in sc["stages"]])
-        extra["budget_env_steps"] = sum(sc["steps_per_iteration"])
-    sets = rl_overrides(args.env, args.schedule, args.seed, iterations) + list(args.set or [])
+        budget = int(round(sum(sc["steps_per_iteration"])))
+        r = load_cfg(args.env).rollout
+        iterations = long_cap(budget, r.tasks_per_iteration * r.group_size)
+        extra.update(budget_env_steps=budget, max_env_steps=budget)
+    sets = rl_overrides(args.env, args.schedule, args.seed, iterations, extra.get("max_env_steps")) + list(args.set or [])
+    rid = run_id(args.env, args.schedule, args.seed)
     record = results_io.Run("table1", {"cell": cell, "env": args.env, "config": COLUMNS[args.env],
                                        "schedule": args.schedule, "seed": args.seed, "overrides": sets})
-    rc = _train(args.env, cell, sets)
+    rc = _train(args.env, rid, sets)
     if rc != 0:
         return rc
     client = MlflowClient(tracking_uri=tracking_uri())
-    run = _pipeline_run(client, cell)
+    run = _pipeline_run(client, rid)
     if run is None or run.info.status != "FINISHED":
-        print(f"note: no finished MLflow run {cell}: no record written", file=sys.stderr)
+        print(f"note: no finished MLflow run {rid}: no record written", file=sys.stderr)
         return 1
     sched = stages(args.env, args.schedule, iterations)
     import tempfile
@@ -475,12 +484,15 @@ def _fmt(s: dict[str, Any] | None, digits: int = 3) -> str:
 
 
 def budget_rows(records: list[dict[str, Any]]) -> list[str]:
-    """Per (env, seed) with both RL runs: the scaling run's env steps, the long run's, the ratio."""
+    """Per (env, seed) with both RL runs: the scaling run's env steps, the long run's, the ratio,
+    the long run's iterations, and how its length was set (the budget, or an estimate before the
+    pipeline had one)."""
     out = []
     for r in records:
         if r["row"] == "long" and r.get("budget_env_steps"):
+            how = "schedule.max_env_steps" if r.get("max_env_steps") else "estimated iterations (before the budget)"
             out.append(f"| {r['env']} | {r['seed']} | {r['budget_env_steps']:.0f} | {r['env_steps']:.0f} | "
-                       f"{r['env_steps'] / r['budget_env_steps']:.2f} | {r['stages'][0]['iterations']} |")
+                       f"{r['env_steps'] / r['budget_env_steps']:.2f} | {len(r['steps_per_iteration'])} | {how} |")
     return out
 
 
@@ -516,8 +528,8 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
             lines.append(f"\n{env} score (0-100, mean final running score x 100): " + "; ".join(score) + ".")
     budget = budget_rows(records)
     if budget:
-        lines += ["\n| env | seed | scaling env steps (budget) | long env steps | long / scaling | long iterations |",
-                  "|---|---:|---:|---:|---:|---:|", *budget]
+        lines += ["\n| env | seed | scaling env steps (budget) | long env steps | long / scaling | long iterations | "
+                  "long run's length |", "|---|---:|---:|---:|---:|---:|---|", *budget]
     lines += ["\nThe paper's Table 1 (Qwen2.5-7B-Instruct and ScalingInter-7B, 7B parameters; ours: "
               "SmolLM2-135M-Instruct, 135M, about 52x smaller; MiniWoB++ stands in for WebArena):\n",
               "| | " + " | ".join(f"{PAPER[e][0]} (ours: {e})" for e in PAPER) + " |",

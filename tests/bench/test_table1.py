@@ -27,17 +27,21 @@ def test_cell_ids_name_env_row_and_seed_and_refuse_what_is_not_a_cell():
             table1.cell_id(*bad)
 
 
-def test_the_long_run_spends_the_scaling_runs_env_steps():
-    # stages of 2 iterations: the last stage (the long horizon) plays 40 steps an iteration
-    steps = [10.0, 12.0, 20.0, 22.0, 38.0, 42.0]
-    n = table1.long_iterations(steps, [2, 2, 2])
-    assert n == 4 and abs(n * 40 - sum(steps)) <= 40 / 2  # 144 steps: 3.6 iterations of 40
-    assert table1.long_iterations([5.0], [1]) == 1
-    assert table1.long_iterations([1.0, 1.0, 100.0], [2, 1]) == 1  # never zero iterations
-    with pytest.raises(ValueError):
-        table1.long_iterations([1.0, 2.0], [2, 2])  # the record and the stages disagree
-    with pytest.raises(ValueError):
-        table1.long_iterations([3.0, 0.0], [1, 1])
+def test_the_long_run_is_ended_by_the_scaling_runs_env_steps():
+    # the cap never binds first: 32 episodes an iteration play at least 32 steps
+    assert table1.long_cap(3342, 32) == 105 and table1.long_cap(5, 32) == 1
+    for bad in ((0, 32), (100, 0)):
+        with pytest.raises(ValueError):
+            table1.long_cap(*bad)
+    sets = table1.rl_overrides("textcraft", "long", 1, 105, 3342)
+    assert "schedule.max_env_steps=3342" in sets
+    assert not any(s.startswith("schedule.max_env_steps") for s in table1.rl_overrides("textcraft", "scaling", 1))
+    from agentgym.config import load_config
+
+    assert load_config(table1.config_path("textcraft"), sets).schedule.max_env_steps == 3342
+    # the long runs' ids differ from the runs made before the budget (a resume would refuse them)
+    assert table1.run_id("textcraft", "long", 1) == "table1-textcraft-long-s1-budget"
+    assert table1.run_id("textcraft", "scaling", 1) == "table1-textcraft-scaling-s1"
 
 
 @pytest.mark.parametrize("env", sorted(table1.COLUMNS))
@@ -78,7 +82,11 @@ def _synthetic():
         _record("babyai", "scaling", {"babyai": {"tasks": tasks, "success": [succ(20)], "reward": [succ(20)]}}, seed=0),
         _record("babyai", "scaling", {"babyai": {"tasks": tasks, "success": [succ(24)], "reward": [succ(24)]}}, seed=1),
         _record("babyai", "long", {"babyai": {"tasks": tasks, "success": [succ(16)], "reward": [succ(16)]}}, seed=0,
-                budget_env_steps=1000.0, env_steps=1100.0, stages=[{"horizon": 10, "iterations": 9}]),
+                budget_env_steps=1000.0, env_steps=1100.0, stages=[{"horizon": 10, "iterations": 9}],
+                steps_per_iteration=[1100.0 / 9] * 9),
+        _record("babyai", "long", {"babyai": {"tasks": tasks, "success": [succ(18)], "reward": [succ(18)]}}, seed=1,
+                budget_env_steps=1000.0, max_env_steps=1000, env_steps=1040.0, stages=[{"horizon": 10, "iterations": 40}],
+                steps_per_iteration=[130.0] * 8),
         _record("sciworld", "base", {"sciworld": {"tasks": tasks, "success": [succ(0)],
                                                   "reward": [[0.25] * 32]}}),
         _record("mixed", "random", {"babyai": {"tasks": tasks, "success": [succ(16)], "reward": [succ(16)]},
@@ -128,7 +136,8 @@ def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_number
     assert row["random valid action (10 seeds)"][cols.index("textworld_express (textworld_express.yaml)")] \
         .startswith("0.375 [")
     assert "sciworld score (0-100, mean final running score x 100): base SmolLM2-135M-Instruct: 25.0 [25.0, 25.0]" in text
-    assert "| babyai | 0 | 1000 | 1100 | 1.10 | 9 |" in text
+    assert "| babyai | 0 | 1000 | 1100 | 1.10 | 9 | estimated iterations (before the budget) |" in text
+    assert "| babyai | 1 | 1000 | 1040 | 1.04 | 8 | schedule.max_env_steps |" in text
     assert "96.67" in text and "66.67" in text and "135M" in text and "7B" in text and "WebArena" in text
 
 
@@ -189,5 +198,9 @@ def test_every_committed_rl_record_has_its_training_curve():
     runs = [r for r in table1.load_records() if r["row"] in table1.RL_ROWS]
     assert runs
     for r in runs:
-        assert len(r["train_success"]) == len(r["steps_per_iteration"]) == sum(s["iterations"] for s in r["stages"]), r["cell"]
+        assert len(r["train_success"]) == len(r["steps_per_iteration"]), r["cell"]
         assert all(0.0 <= x <= 1.0 for x in r["train_success"]), r["cell"]
+        if r.get("max_env_steps"):  # ended by the budget: the last iteration crossed it
+            assert sum(r["steps_per_iteration"][:-1]) < r["max_env_steps"] <= sum(r["steps_per_iteration"]), r["cell"]
+        else:
+            assert len(r["steps_per_iteration"]) == sum(s["iterations"] for s in r["stages"]), r["cell"]
