@@ -63,11 +63,17 @@ def train(
     from agentgym.infra import progress
 
     bar: dict[str, tqdm] = {}
+    in_env_steps: dict[str, bool] = {}  # "it": the run's bar counts environment steps (a budget)
 
     def hook(event: str, data: dict) -> None:
         if event == "start":
-            bar["it"] = tqdm(total=data["total"], initial=data.get("done", 0), desc=f"run {data['run_id']}",
-                             unit="iter", file=sys.stderr, dynamic_ncols=True)
+            if data.get("budget"):  # schedule.max_env_steps ends the run: count environment steps
+                bar["it"] = tqdm(total=data["budget"], initial=int(data.get("env_steps", 0)), unit=" env step",
+                                 desc=f"run {data['run_id']}", file=sys.stderr, dynamic_ncols=True)
+            else:
+                bar["it"] = tqdm(total=data["total"], initial=data.get("done", 0), desc=f"run {data['run_id']}",
+                                 unit="iter", file=sys.stderr, dynamic_ncols=True)
+            in_env_steps["it"] = bool(data.get("budget"))
         elif event == "phase":  # demonstrations, SFT steps: a bar of their own each
             name = str(data["name"])
             if name not in bar:
@@ -80,10 +86,12 @@ def train(
                 b.close()
         elif event == "iteration" and "it" in bar:
             m = data["metrics"]
-            bar["it"].set_postfix(stage=data["stage"], horizon=data["horizon"],
-                                  reward=f"{m.get('reward_mean', float('nan')):.2f}",
-                                  success=f"{m.get('success_rate', float('nan')):.2f}")
-            bar["it"].update(1)
+            b = bar["it"]
+            b.set_postfix(stage=data["stage"], horizon=data["horizon"], step=data["global_step"],
+                          reward=f"{m.get('reward_mean', float('nan')):.2f}",
+                          success=f"{m.get('success_rate', float('nan')):.2f}")
+            # a budget bar may end past its total: the iteration that spends the budget counts whole
+            b.update(int(data.get("env_steps", 0)) - b.n if in_env_steps.get("it") else 1)
 
     progress.install(hook)
     from agentgym.tracking.prefect_db import prefect_disk_error
@@ -125,9 +133,15 @@ def _print_summary(result: dict, seconds: float) -> None:
     for col in ("stage", "horizon", "iterations", "success rate", "final success", "reward mean"):
         table.add_column(col, justify="right")
     for s in result["stages"]:
-        table.add_row(str(s["stage"]), str(s["horizon"]), str(s["iterations"]),
+        done = s.get("iterations_done", s["iterations"])
+        table.add_row(str(s["stage"]), str(s["horizon"]),
+                      str(s["iterations"]) if done == s["iterations"] else f"{done} of {s['iterations']}",
                       f"{s['success_rate']:.3f}", f"{s['final_success_rate']:.3f}", f"{s['reward_mean']:.3f}")
     out.print(table)
+    last = result["stages"][-1] if result["stages"] else {}
+    if last.get("budget_spent"):
+        out.print(f"env-step budget spent (schedule.max_env_steps): {last['env_steps']:.0f} environment steps by "
+                  f"step {last['end_step']}; the later iterations and stages did not run")
     if result.get("sft"):
         s = result["sft"]
         fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731

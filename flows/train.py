@@ -177,7 +177,8 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
                                   EvalSink(mlflow_run_id=parent_mlflow_id, step=gs + 1))
             logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
                         index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
-            progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics)
+            progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics,
+                            env_steps=played)
             if every and (gs + 1) % every == 0 and it != iterations - 1 and not budget_spent(config, played):
                 save_checkpoint(config, run_id, child, index, gs + 1)
         if done == start_iteration > 0:  # resumed at the checkpoint where the budget ran out: it ends the stage
@@ -197,7 +198,8 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     viewer = published["uri"] if published else None
     _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
     return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer,
-            "end_step": start + done, "env_steps": played, "budget_spent": budget_spent(config, played)}
+            "iterations_done": done, "end_step": start + done, "env_steps": played,
+            "budget_spent": budget_spent(config, played)}
 
 
 def _drain(queued: deque[PrefectFuture]) -> None:
@@ -288,7 +290,9 @@ def scaling_inter_rl(
                 "resuming at step %d: steps %s were done by updates after the last checkpoint; their "
                 "rollouts or advantages were retracted (store _retracted/) and are done again (set "
                 "tracking.checkpoint_every: 1 to lose less)", start_step, restored["retracted_steps"])
-        progress.report("start", total=total_steps(config.stages), done=start_step, run_id=run_id)
+        budget = config.schedule.max_env_steps
+        progress.report("start", total=total_steps(config.stages), done=start_step, run_id=run_id, budget=budget,
+                        env_steps=env_steps_played(tracker, parent, start_step) if budget else 0.0)
         for index, spec in enumerate(config.stages):
             first = stage_start(config.stages, index)
             if start_step >= first + spec.iterations:  # finished before: report it, skip it
@@ -299,7 +303,8 @@ def scaling_inter_rl(
                 played = env_steps_played(tracker, parent, end) if config.schedule.max_env_steps else 0.0
                 stages.append({**_stage_summary(_stage_history(tracker, child), child, index, spec.horizon,
                                                 spec.iterations, ckpt),
-                               "end_step": end, "env_steps": played, "budget_spent": budget_spent(config, played)})
+                               "iterations_done": spec.iterations, "end_step": end, "env_steps": played,
+                               "budget_spent": budget_spent(config, played)})
             else:
                 resume_at = max(start_step, first)
                 with tags(*run_tags(run_id), f"stage:{index}", f"horizon:{spec.horizon}"):

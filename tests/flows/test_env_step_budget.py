@@ -61,3 +61,18 @@ def test_a_budget_with_async_rollouts_is_refused():
     with pytest.raises((ConfigError, ValueError), match="rollout.async_steps: 0 or schedule.max_env_steps: null"):
         parse_config({"schedule": {"stages": [{"horizon": 1, "iterations": 1}], "max_env_steps": 5},
                       "rollout": {"async_steps": 1}, "algorithm": {"recompute_old_logprobs": False}})
+
+
+def test_the_summary_says_the_budget_ended_the_run(capsys):
+    from agentgym_cli.cli import _print_summary
+
+    stage = {"stage": 0, "horizon": 2, "iterations": 5, "iterations_done": 3, "success_rate": 0.5,
+             "final_success_rate": 0.5, "reward_mean": 0.5, "end_step": 3, "env_steps": 12.0, "budget_spent": True,
+             "checkpoint": "file:///c"}
+    _print_summary({"run_id": "r", "stages": [stage], "store": "s", "tracking_uri": "t", "experiment": "e",
+                    "mlflow_run_id": "m"}, 60.0)
+    out = capsys.readouterr().out
+    assert "3 of 5" in out and "12 environment steps by step 3" in out
+    _print_summary({"run_id": "r", "stages": [{**stage, "iterations_done": 5, "budget_spent": False}], "store": "s",
+                    "tracking_uri": "t", "experiment": "e", "mlflow_run_id": "m"}, 60.0)
+    assert "budget" not in capsys.readouterr().out
