@@ -70,10 +70,9 @@ ROW_TITLES = {"random": "random valid action (10 seeds)", "base": "base SmolLM2-
               "scaling": "after ScalingInter-RL (from base)", "long": "after fixed long horizon, same env steps"}
 RANDOM_SEEDS = 10
 #: RL iterations per stage of the config's own stages, meant to keep one run (its final held-out
-#: evaluation included) <= ~40 min on the idle 2-core machine. babyai, textworld_express and miniwob
-#: are sized from their probes (docs/results/table1/probes/) and their runs' minutes (each record's
-#: wall_min; docs/results.md has both); textcraft, sciworld, deepsearch and mixed are estimates: no
-#: probe of theirs has updated yet, so re-size each from one that does before its first RL run.
+#: evaluation included) <= ~40 min on the idle 2-core machine, sized from the probes
+#: (docs/results/table1/probes/) and checked by the runs' minutes (each record's wall_min;
+#: docs/results.md has both). sciworld's is an estimate: no probe of it has updated.
 ITERATIONS_PER_STAGE = {"babyai": 8, "textcraft": 8, "sciworld": 2, "deepsearch": 6, "miniwob": 8,
                         "textworld_express": 4, "mixed": 8}
 #: the score reported beside success where success is rare: SciWorld's 0-100 (mean final running
