@@ -82,6 +82,13 @@ def budget_spent(config: PipelineConfig, env_steps: float) -> bool:
     return budget is not None and env_steps >= budget
 
 
+def _budget_summary(config: PipelineConfig, iterations_done: int, end_step: int, env_steps: float) -> dict[str, Any]:
+    """A stage summary's budget fields: iterations it ran, the global step it ended at, the run's
+    environment steps by then, and whether they spent ``schedule.max_env_steps``."""
+    return {"iterations_done": iterations_done, "end_step": end_step, "env_steps": env_steps,
+            "budget_spent": budget_spent(config, env_steps)}
+
+
 def _stage_history(tracker: Tracker, child: str) -> list[dict[str, Any]]:
     """The stage run's ``STAGE_TABLE_METRICS`` per global step, read back from MLflow: after a
     resume it holds every attempt's iterations, not only the last one's."""
@@ -117,7 +124,8 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     ``redo_steps``: global steps a killed attempt logged from work the resume retracted; their
     metrics and evaluations are logged again (MLflow keeps both values; the later one counts).
     ``env_steps_before``: the environment steps the run played before ``start_iteration``; the
-    stage stops early once they reach ``schedule.max_env_steps`` (its summary's ``budget_spent``).
+    summary's ``env_steps`` is the run's total at the stage's end, and the stage stops early once
+    it reaches ``schedule.max_env_steps`` (its summary's ``budget_spent``).
     """
     logger = get_run_logger()
     tracker = Tracker.from_config(config.tracking)
@@ -198,8 +206,7 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     viewer = published["uri"] if published else None
     _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
     return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer,
-            "iterations_done": done, "end_step": start + done, "env_steps": played,
-            "budget_spent": budget_spent(config, played)}
+            **_budget_summary(config, done, start + done, played)}
 
 
 def _drain(queued: deque[PrefectFuture]) -> None:
@@ -292,7 +299,7 @@ def scaling_inter_rl(
                 "tracking.checkpoint_every: 1 to lose less)", start_step, restored["retracted_steps"])
         budget = config.schedule.max_env_steps
         progress.report("start", total=total_steps(config.stages), done=start_step, run_id=run_id, budget=budget,
-                        env_steps=env_steps_played(tracker, parent, start_step) if budget else 0.0)
+                        env_steps=env_steps_played(tracker, parent, start_step))
         for index, spec in enumerate(config.stages):
             first = stage_start(config.stages, index)
             if start_step >= first + spec.iterations:  # finished before: report it, skip it
@@ -300,11 +307,9 @@ def scaling_inter_rl(
                 tracker.finish_stage(child)
                 ckpt = restored["checkpoint"] if start_step == first + spec.iterations else None
                 end = first + spec.iterations
-                played = env_steps_played(tracker, parent, end) if config.schedule.max_env_steps else 0.0
                 stages.append({**_stage_summary(_stage_history(tracker, child), child, index, spec.horizon,
                                                 spec.iterations, ckpt),
-                               "iterations_done": spec.iterations, "end_step": end, "env_steps": played,
-                               "budget_spent": budget_spent(config, played)})
+                               **_budget_summary(config, spec.iterations, end, env_steps_played(tracker, parent, end))})
             else:
                 resume_at = max(start_step, first)
                 with tags(*run_tags(run_id), f"stage:{index}", f"horizon:{spec.horizon}"):
@@ -312,8 +317,7 @@ def scaling_inter_rl(
                                              start_iteration=resume_at - first,
                                              redo_steps=[s for s in restored["retracted_steps"]
                                                          if first <= s < first + spec.iterations],
-                                             env_steps_before=env_steps_played(tracker, parent, resume_at)
-                                             if config.schedule.max_env_steps else 0.0))
+                                             env_steps_before=env_steps_played(tracker, parent, resume_at)))
             spent = stages[-1]["budget_spent"]  # schedule.max_env_steps: no later stage runs
             if spent:
                 get_run_logger().info("schedule.max_env_steps=%d spent (%d environment steps) at step %d: the run "

@@ -331,7 +331,7 @@ def train_success(client, run_id: str) -> list[float]:
     """The training episodes' success rate of every RL iteration of a pipeline run, in order."""
     from agentgym.tracking.metric_history import metric_history
 
-    return [m.value for m in sorted(metric_history(client, run_id, "success_rate"), key=lambda m: m.step)]
+    return [m.value for m in metric_history(client, run_id, "success_rate")]  # in step order
 
 
 def cmd_run(args: argparse.Namespace) -> int:
