@@ -163,12 +163,19 @@ def long_cap(budget: float, episodes_per_iteration: int) -> int:
     return max(1, math.ceil(budget / episodes_per_iteration))
 
 
+# A config changed after its cells were run: the new runs get this suffix, so that they start
+# fresh instead of resuming (or being refused by) the finished runs of the old config in MLflow.
+# The old config's records were moved out of the table (docs/results/table1/<env>-<old>/).
+CONFIG_REVISION = {"babyai": "at3"}   # rollout.action_temperature 3 (renormalised): seed 1's stage 0 took off
+
+
 def run_id(env: str, row: str, seed: int) -> str:
     """The pipeline run id of an RL cell: its cell id; a long row's with ``-budget`` (runs made
     since it stops at ``schedule.max_env_steps``: a different config from the earlier long runs,
-    which a resume would refuse)."""
+    which a resume would refuse); then the env's ``CONFIG_REVISION`` if it has one."""
     cell = cell_id(env, row, seed)
-    return f"{cell}-budget" if row == "long" else cell
+    rid = f"{cell}-budget" if row == "long" else cell
+    return f"{rid}-{CONFIG_REVISION[env]}" if env in CONFIG_REVISION else rid
 
 
 def rl_overrides(env: str, schedule: str, seed: int, iterations: int | None = None,

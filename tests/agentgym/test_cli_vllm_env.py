@@ -36,7 +36,7 @@ def test_vllm_engine_reruns_the_same_command_in_the_vllm_environment(fake_vllm_p
     exe, record = fake_vllm_python
     # constrained decoding is the hf engine's: the vLLM run decodes freely
     args = ["-c", "configs/babyai.yaml", "--set", "rollout.engine=vllm", "--set", "rollout.constrain_actions=false",
-            "--run-id", "r1"]
+            "--set", "rollout.action_logprob=policy", "--set", "rollout.action_temperature=1", "--run-id", "r1"]
     done = _train(exe, *args)
     assert done.returncode == 7, done.stderr  # the vLLM interpreter's exit status
     assert record.read_text().split("\n")[:-1] == ["-m", "agentgym_cli.cli", "train", *args]
