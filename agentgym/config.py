@@ -37,6 +37,30 @@ def parse_task_ids(text: str) -> list[Any]:
     return items
 
 
+def expand_task_ranges(v: Any) -> Any:
+    """A task-id list as written in a config -- ids, ``'start:stop[:step]'`` range strings, or the
+    run form's one string ``"0:40, 80"`` -- with every range expanded into its ids (stop excluded).
+    Anything else is returned as it is, for the field's own type check."""
+    if isinstance(v, str):  # the run form's one-string form, "0:40, 80" (parse_task_ids)
+        v = parse_task_ids(v)
+    if not isinstance(v, list):
+        return v
+    out: list[Any] = []
+    for item in v:
+        if isinstance(item, str) and ":" in item:
+            try:
+                parts = [int(x) for x in item.split(":")]
+                if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] <= 0):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"task range {item!r} is not 'start:stop' or 'start:stop:step' with "
+                                 "integers and a positive step, e.g. '0:2000:40'") from None
+            out.extend(range(*parts))
+        else:
+            out.append(item)
+    return out
+
+
 def compact_task_ids(ids: list[Any]) -> str:
     """A task-id list as one string :func:`parse_task_ids` reads back to the same ids, in the same
     order: runs of 3 or more consecutive ids as ``start:stop`` ranges, e.g. ``"0:3, 8, 40:43"``."""
@@ -140,24 +164,7 @@ class EnvSpec(_Strict):
     @field_validator("tasks", "eval_tasks", mode="before")
     @classmethod
     def _expand_ranges(cls, v: Any) -> Any:
-        if isinstance(v, str):  # the run form's one-string form, "0:40, 80" (parse_task_ids)
-            v = parse_task_ids(v)
-        if not isinstance(v, list):
-            return v
-        out: list[Any] = []
-        for item in v:
-            if isinstance(item, str) and ":" in item:
-                try:
-                    parts = [int(x) for x in item.split(":")]
-                    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] <= 0):
-                        raise ValueError
-                except ValueError:
-                    raise ValueError(f"task range {item!r} is not 'start:stop' or 'start:stop:step' with "
-                                     "integers and a positive step, e.g. '0:2000:40'") from None
-                out.extend(range(*parts))
-            else:
-                out.append(item)
-        return out
+        return expand_task_ranges(v)
 
     @field_validator("tasks")
     @classmethod
@@ -678,8 +685,13 @@ class StageSpec(_Strict):
     tasks: dict[str, list[int]] | None = Field(
         None, description="Training tasks of this stage per environment name, each a subset of that "
         "environment's envs[].tasks (a task curriculum: easy tasks first, e.g. {babyai: [0, 1, 2]}); "
-        "an environment not named keeps all its tasks.",
+        "ids or 'start:stop[:step]' ranges as in envs[].tasks; an environment not named keeps all its tasks.",
         json_schema_extra=_form_note("Empty (None): every environment's tasks."))
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _expand_ranges(cls, v: Any) -> Any:
+        return {k: expand_task_ranges(ids) for k, ids in v.items()} if isinstance(v, dict) else v
 
 
 class ScheduleConfig(_Strict):

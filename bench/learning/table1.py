@@ -166,7 +166,9 @@ def long_cap(budget: float, episodes_per_iteration: int) -> int:
 # A config changed after its cells were run: the new runs get this suffix, so that they start
 # fresh instead of resuming (or being refused by) the finished runs of the old config in MLflow.
 # The old config's records were moved out of the table (docs/results/table1/<env>-<old>/).
-CONFIG_REVISION = {"babyai": "at3"}   # rollout.action_temperature 3 (renormalised): seed 1's stage 0 took off
+# babyai: "at3" (rollout.action_temperature 3: seed 1's stage 0 took off; records in babyai-at3-1map/),
+# then "m6" (and six training maps a level instead of one: the held-out maps are other maps)
+CONFIG_REVISION = {"babyai": "m6"}
 
 
 def run_id(env: str, row: str, seed: int) -> str:

@@ -130,6 +130,14 @@ def test_task_ranges_expand_and_bad_ranges_say_how_to_fix():
         parse_config({"envs": [{"name": "babyai", "tasks": ["0:x"]}]})
     with pytest.raises(ConfigError, match=r"positive step"):
         parse_config({"envs": [{"name": "babyai", "tasks": ["10:0:-1"]}]})
+    # a stage's task subset takes the same ranges as envs[].tasks, checked against them after expansion
+    stages = lambda sub: {"stages": [{"horizon": 2, "iterations": 1, "tasks": {"babyai": sub}}]}  # noqa: E731
+    cfg = parse_config({"envs": [{"name": "babyai", "tasks": ["0:40", "80:280"]}], "schedule": stages([3, "83:280:40"])})
+    assert cfg.schedule.stages[0].tasks == {"babyai": [3, 83, 123, 163, 203, 243]}
+    with pytest.raises(ConfigError, match=r"schedule.stages.0.tasks.*'1:x' is not 'start:stop'"):
+        parse_config({"envs": [{"name": "babyai", "tasks": ["0:40"]}], "schedule": stages(["1:x"])})
+    with pytest.raises(ConfigError, match=r"40"):  # seed 1's map is no training task: not in the subset
+        parse_config({"envs": [{"name": "babyai", "tasks": ["0:40", "80:280"]}], "schedule": stages(["0:280:40"])})
 
 
 def test_an_adapter_can_be_named_by_its_import_path():

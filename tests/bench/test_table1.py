@@ -43,8 +43,8 @@ def test_the_long_run_is_ended_by_the_scaling_runs_env_steps():
     assert table1.run_id("textcraft", "long", 1) == "table1-textcraft-long-s1-budget"
     assert table1.run_id("textcraft", "scaling", 1) == "table1-textcraft-scaling-s1"
     # a revised config's runs are new runs, never a resume of the old config's
-    assert table1.run_id("babyai", "scaling", 0) == "table1-babyai-scaling-s0-at3"
-    assert table1.run_id("babyai", "long", 2) == "table1-babyai-long-s2-budget-at3"
+    assert table1.run_id("babyai", "scaling", 0) == "table1-babyai-scaling-s0-m6"
+    assert table1.run_id("babyai", "long", 2) == "table1-babyai-long-s2-budget-m6"
 
 
 @pytest.mark.parametrize("env", sorted(table1.COLUMNS))
