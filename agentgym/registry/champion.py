@@ -33,11 +33,11 @@ from typing import Any
 
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from agentgym.infra.diskspace import disk_errors
 from agentgym.models.folders import resolve_model
 from agentgym.tracking.db_full import guarded
+from agentgym.tracking.open_client import open_client
 
 CHAMPION = "champion"
 TAG_DECISION = "agentgym.decision"
@@ -82,7 +82,7 @@ def materialize(ref: str, tracking_uri: str, cache_dir: str | os.PathLike = "~/.
         if not local.exists():
             return resolve_model(ref, cache_dir)  # a model name, or its helpful error
     uri = ref
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    client = open_client(tracking_uri, registry_uri=tracking_uri)
     if ref.startswith("models:/"):
         name, version, alias = parse_models_uri(ref)
         try:
@@ -164,7 +164,7 @@ class ModelRegistry:
 
     def __init__(self, tracking_uri: str, registry_uri: str | None = None):
         self.uri = tracking_uri
-        self.client = guarded(MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri),
+        self.client = guarded(open_client(tracking_uri, registry_uri=registry_uri or tracking_uri),
                               registry_uri or tracking_uri)  # a full SQLite DB: ENOSPC naming it
 
     def ensure_model(self, name: str, description: str | None = None) -> None:

@@ -22,7 +22,6 @@ from typing import Any, Callable
 import pyarrow as pa
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, DataType, Schema
 from mlflow.types.schema import Array
 
@@ -31,6 +30,7 @@ from agentgym.infra.diskspace import disk_errors
 from agentgym.store.schema import SCHEMAS
 from agentgym.tracking.metric_history import metric_history
 from agentgym.tracking.db_full import guarded
+from agentgym.tracking.open_client import open_client
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,8 @@ class Tracker:
         self.uri = tracking_uri
         self.ui_url = ui_url
         # a full SQLite DB is reported as ENOSPC naming tracking.tracking_uri (tracking_db.py)
-        self.client = guarded(MlflowClient(tracking_uri=tracking_uri), tracking_uri)
+        # a fresh SQLite DB another process is creating too: retried (open_client.py)
+        self.client = guarded(open_client(tracking_uri), tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             self.experiment_id = self.client.create_experiment(

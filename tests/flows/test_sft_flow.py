@@ -15,6 +15,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from agentgym.tracking.open_client import open_client
+
 from configs import DEFAULT, tiny_config  # tests/ is on sys.path
 
 RUN = "sft-resume-test"
@@ -53,7 +55,9 @@ def _sft_run(client: MlflowClient, exp: str):
 def test_sft_stage_resumes_after_sigkill(tmp_path, model_cache, tiny_path):
     cfg = _config(tmp_path, model_cache)
     proc = _train(cfg, tmp_path)
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    # the child creates the same fresh DB now: open_client takes its migration lock (a bare
+    # MlflowClient here once raced the child's schema migration and killed the run)
+    client = open_client(f"sqlite:///{tmp_path}/mlflow.db")
     deadline = time.time() + 300
     # the first SFT epoch is checkpointed: kill the whole process group inside the next epochs
     while True:
