@@ -31,11 +31,16 @@ def test_shipped_configs_mean_what_they_say(name):
     renamed or defaulted on the way)."""
     raw = yaml.safe_load((ROOT / "configs" / name).read_text())
     parsed = load_config(ROOT / "configs" / name).model_dump(mode="json")
+    def expand(ids):
+        return [t for item in ids for t in (range(*map(int, item.split(":"))) if isinstance(item, str) else [item])]
+
     for env in raw.get("envs", []):  # 'start:stop:step' task ranges are expanded by design
         for key in ("tasks", "eval_tasks"):
             if key in env:
-                env[key] = [t for item in env[key] for t in
-                            (range(*map(int, item.split(":"))) if isinstance(item, str) else [item])]
+                env[key] = expand(env[key])
+    for stage in (raw.get("schedule") or {}).get("stages") or []:  # and so are a stage's
+        for name, ids in (stage.get("tasks") or {}).items():
+            stage["tasks"][name] = expand(ids)
     for path, value in _leaves(raw):
         got = parsed
         for p in path:
