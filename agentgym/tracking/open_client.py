@@ -70,7 +70,10 @@ def _migration_lock(tracking_uri: str) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a filesystem without flock (some NFS mounts): the retry alone guards it
+            pass
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
