@@ -4,9 +4,9 @@ Why: the first ``MlflowClient`` on a ``sqlite:///`` URI creates the file and run
 migrations (alembic). Two processes doing that at once on a fresh file -- the flow and a test's
 or viewer's client, or two runs started together against a new DB -- race: the loser's migration
 fails with ``sqlite3.OperationalError: duplicate column name: status_details`` (or "table ...
-already exists", "database is locked") and the run dies before it starts. Seen on the 2-core
-machine under load (tests/flows/test_sft_flow.py, 2026-12-07; four processes opening one fresh
-file together reproduce it, tests/agentgym/test_open_client.py). So ``open_client`` opens a
+already exists", "database is locked") and the run dies before it starts (tests/flows/test_sft_flow.py
+hit it under load; four processes opening one fresh file together reproduce it,
+tests/agentgym/test_open_client.py). So ``open_client`` opens a
 SQLite store holding an exclusive ``flock`` on the database's folder: this project's processes
 migrate one at a time, and each later one finds the schema current. A client outside this project
 (``mlflow ui``, a user's notebook) takes no such lock: when one of its migrations races ours, the
@@ -20,8 +20,9 @@ import contextlib
 import fcntl
 import os
 import time
-from pathlib import Path
 from typing import Any, Iterator
+
+from agentgym.tracking.db_full import db_path
 
 # the SQLite errors of two concurrent schema migrations on one fresh database file
 RACE_MARKERS = ("duplicate column name", "already exists", "database is locked",
@@ -63,10 +64,11 @@ def open_client(tracking_uri: str, registry_uri: str | None = None, attempts: in
 def _migration_lock(tracking_uri: str) -> Iterator[None]:
     """An exclusive ``flock`` on the folder of a ``sqlite:///`` URI's file while its store opens
     (no lock file left beside the database); nothing for other URIs."""
-    if not tracking_uri.startswith("sqlite:///"):
+    db = db_path(tracking_uri)
+    if db is None:
         yield
         return
-    folder = Path(tracking_uri[len("sqlite:///"):]).expanduser().absolute().parent
+    folder = db.parent
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY)
     try:
