@@ -22,6 +22,7 @@ torch: its thread count is read only when the bench has imported it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -207,7 +208,9 @@ class Run:
         if clash:
             raise ValueError(f"extra fields {sorted(clash)} would replace the record's own")
         rec.update(extra or {})
-        text = json.dumps(rec, indent=1, default=_default) + "\n"
+        # strict JSON (jq, JavaScript, pandas' ujson): a NaN or infinity is written as null
+        plain = _finite(json.loads(json.dumps(rec, default=_default)))
+        text = json.dumps(plain, indent=1, allow_nan=False) + "\n"
         if len(text) > MAX_BYTES:  # a record is committed: raw numbers, not data sets
             print(f"warning: the {self.bench} record is {len(text) / 2**20:.1f} MiB (> {MAX_BYTES / 2**20:.0f} MiB): "
                   "keep bulky data out of it", file=sys.stderr)
@@ -232,6 +235,17 @@ def _command() -> str:
         except ValueError:
             pass
     return " ".join(["python", *argv])
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _default(obj: Any) -> Any:

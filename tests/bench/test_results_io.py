@@ -45,6 +45,21 @@ def test_a_record_has_every_field(tmp_path, monkeypatch):
         run.write([], extra={"git": None})
 
 
+def test_a_record_is_strict_json(tmp_path, monkeypatch):
+    """NaN and infinities (a ratio with no baseline) are written as null: strict JSON readers
+    (jq, JavaScript) refuse the bare NaN that Python's json writes by default."""
+    import numpy as np
+
+    monkeypatch.setenv(results_io.RESULTS_ENV, str(tmp_path))
+    run = results_io.Run("demo", Namespace(tag="nan"))
+    path = run.write([{"ratio": float("nan"), "s": np.float64("inf"), "ok": 1.5}], {"rows": [[float("-inf")]]})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert rec["repeats"] == [{"ratio": None, "s": None, "ok": 1.5}]
+    assert rec["results"] == {"rows": [[None]]}
+
+
 def test_tags(tmp_path, monkeypatch):
     monkeypatch.setenv(results_io.RESULTS_ENV, str(tmp_path))
     assert results_io.default_tag(Namespace(quick=True)) == "smoke"
