@@ -19,6 +19,7 @@ from prefect import flow
 from agentgym.config import PipelineConfig
 from agentgym.tracking.run_summary import sft_description
 from agentgym.tracking.tracker import Tracker
+from flows.tagging import untagged_tasks
 from tasks.links import TAG_FLOW_RUN_URL, prefect_tags
 from tasks.sft import generate_demonstrations, sft_train
 
@@ -46,25 +47,26 @@ def _summary(tracker: Tracker, child: str) -> dict[str, Any]:
 @flow(name="sft", flow_run_name="sft-{run_id}", log_prints=True)
 def sft_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str) -> dict[str, Any]:
     """Write the demonstrations and fine-tune the base policy on them (skipped when finished)."""
-    tracker = Tracker.from_config(config.tracking)
-    child = tracker.sft_run(parent_mlflow_id, run_id, {k: getattr(config.sft, k) for k in SFT_PARAMS})
-    links = prefect_tags()
-    tracker.set_tags(child, links)
-    tracker.describe(child, sft_description(run_id, config.sft.episodes, config.sft.epochs,
-                                            links.get(TAG_FLOW_RUN_URL)))
-    if tracker.is_finished(child):
+    with untagged_tasks():  # the tags stay on this flow run, off its task runs (flows/tagging.py)
+        tracker = Tracker.from_config(config.tracking)
+        child = tracker.sft_run(parent_mlflow_id, run_id, {k: getattr(config.sft, k) for k in SFT_PARAMS})
+        links = prefect_tags()
+        tracker.set_tags(child, links)
+        tracker.describe(child, sft_description(run_id, config.sft.episodes, config.sft.epochs,
+                                                links.get(TAG_FLOW_RUN_URL)))
+        if tracker.is_finished(child):
+            return _summary(tracker, child)
+        try:
+            demos = generate_demonstrations(config)
+            for part, name in ((0, "train"), (1, "heldout")):
+                if name in demos:  # lineage: the exact demonstration commits the policy learned from
+                    tracker.log_trajectory_commit(child, "demos", 0, part, demos["uri"], demos[name]["digest"],
+                                                  demos[name]["rows"], profile=demos[name])
+            stats = {f"demos_{k}": v for k, v in demos["train"].items() if isinstance(v, (int, float))}
+            tracker.log_metrics_once([child], stats, step=0, key="demos_rows")
+            sft_train(config, run_id, child, demos)
+        except BaseException:  # like a stage run: never left RUNNING; a re-run reopens it
+            tracker.end_run(child, "FAILED")
+            raise
+        tracker.finish_stage(child)
         return _summary(tracker, child)
-    try:
-        demos = generate_demonstrations(config)
-        for part, name in ((0, "train"), (1, "heldout")):
-            if name in demos:  # lineage: the exact demonstration commits the policy learned from
-                tracker.log_trajectory_commit(child, "demos", 0, part, demos["uri"], demos[name]["digest"],
-                                              demos[name]["rows"], profile=demos[name])
-        stats = {f"demos_{k}": v for k, v in demos["train"].items() if isinstance(v, (int, float))}
-        tracker.log_metrics_once([child], stats, step=0, key="demos_rows")
-        sft_train(config, run_id, child, demos)
-    except BaseException:  # like a stage run: never left RUNNING; a re-run reopens it
-        tracker.end_run(child, "FAILED")
-        raise
-    tracker.finish_stage(child)
-    return _summary(tracker, child)

@@ -39,6 +39,7 @@ from tasks.evaluation import EvalSettings, EvalSink, evaluate_live_run
 from tasks.heldout import heldout_policy, heldout_random_valid, publish_comparison, publish_learning_curve
 from tasks.runtime import drop_session
 from flows.sft import sft_flow
+from flows.tagging import untagged_tasks
 
 # What a step's manifest holds besides its metrics: where its data went, not a measurement.
 MANIFEST_KEYS = frozenset({"rows", "digest", "reused", "updated"})
@@ -53,8 +54,9 @@ def iteration_metrics(*manifests: dict[str, Any]) -> dict[str, float]:
 
 
 def run_tags(run_id: str) -> tuple[str, ...]:
-    """Prefect tags of a pipeline run's subflow runs (and their task runs): filter the runs of
-    one pipeline run by ``run:<id>``, a stage by ``stage:<i>``, a horizon by ``horizon:<h>``."""
+    """Prefect tags of a pipeline run's subflow runs (not their task runs: ``flows.tagging``):
+    filter the runs of one pipeline run by ``run:<id>``, a stage by ``stage:<i>``, a horizon by
+    ``horizon:<h>``."""
     return ("agentgym", f"run:{run_id}")
 
 
@@ -127,86 +129,87 @@ def stage_flow(config: PipelineConfig, run_id: str, parent_mlflow_id: str, index
     summary's ``env_steps`` is the run's total at the stage's end, and the stage stops early once
     it reaches ``schedule.max_env_steps`` (its summary's ``budget_spent``).
     """
-    logger = get_run_logger()
-    tracker = Tracker.from_config(config.tracking)
-    child = tracker.stage_run(parent_mlflow_id, run_id, index, horizon, iterations)
-    start = stage_start(config.stages, index)
-    links = prefect_tags()
-    tracker.set_tags(child, links)
-    tracker.describe(child, stage_description(run_id, index, horizon, iterations, start,
-                                              links.get(TAG_FLOW_RUN_URL)))
-    every = config.tracking.checkpoint_every
-    redo = set(redo_steps or ())
-    k = config.rollout.async_steps
-    # (async) rollouts of the next iterations, oldest first: each plays after the one before it
-    # (one engine plays one rollout at a time), with the weights synced at its start
-    queued: deque[PrefectFuture] = deque()
-    played, done = env_steps_before, iterations
-    try:
-        for it in range(start_iteration, iterations):
-            if budget_spent(config, played):  # schedule.max_env_steps: the run ends here
-                done = it
-                break
-            gs = start + it
-            pos = position(config.stages, gs)
-            assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
-            if queued:
-                rollout = queued.popleft().result()
-            else:  # synchronous, and a stage's first iteration under async_steps
-                rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
-            # queue the rollouts up to k iterations ahead, never past the stage (its horizon)
-            for nxt in range(it + 1 + len(queued), min(it + k, iterations - 1) + 1):
-                if queued:  # the sync waits for the rollout before it, in a worker thread
-                    synced = sync_policy.submit(config, run_id, index, nxt, start + nxt, wait_for=[queued[-1]],
-                                                 return_state=False)
-                    queued.append(collect_rollouts.submit(config, run_id, index, nxt, start + nxt, horizon,
-                                                          wait_for=[synced], return_state=False))
-                else:  # no rollout plays: sync here, before this iteration's update takes the weights
-                    sync_policy(config, run_id, index, nxt, start + nxt)
-                    queued.append(collect_rollouts.submit(config, run_id, index, nxt, start + nxt, horizon))
-            adv = compute_advantages(config, run_id, index, it, gs)
-            upd = update_policy(config, run_id, index, it, gs, sync=not k)
-            metrics = {**iteration_metrics(rollout, adv, upd), "horizon": horizon}
-            metrics.update(headline(metrics))
-            played += metrics.get("env_steps", 0.0)
-            # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
-            # killed attempt may have logged past its checkpoint to one run or both
-            tracker.log_trajectory_commit(
-                child, "episodes", index, it, TrajectoryStore.location(config.store.root, run_id, "episodes"),
-                rollout["digest"], rollout["rows"], profile=rollout)
-            tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs, again=gs in redo)
-            # ...and the evaluation it may have run before its checkpoint
-            if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
-                    and (gs in redo or gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds"))):
-                if k:  # the engine must be free, then serve this update's weights
-                    _drain(queued)
-                    sync_policy(config, run_id, index, it + 1)
-                evaluate_live_run(config, run_id, EvalSettings(k=config.tracking.eval_k),
-                                  EvalSink(mlflow_run_id=parent_mlflow_id, step=gs + 1))
-            logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
-                        index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
-            progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics,
-                            env_steps=played)
-            if every and (gs + 1) % every == 0 and it != iterations - 1 and not budget_spent(config, played):
-                save_checkpoint(config, run_id, child, index, gs + 1)
-        if done == start_iteration > 0:  # resumed at the checkpoint where the budget ran out: it ends the stage
-            checkpoint = tracker.run_checkpoint(child)
-        else:
-            checkpoint = save_checkpoint(config, run_id, child, index, start + done)
-        if k:  # the next stage starts on this stage's last update
-            sync_policy(config, run_id, index, iterations)
-    except BaseException:  # the stage run must not stay RUNNING in MLflow; a re-run reopens it
-        for pending in queued:  # rollouts still playing are waited for (each commit is kept or not)
-            pending.wait()
-        tracker.end_run(child, "FAILED")
-        raise
-    tracker.finish_stage(child)
-    history = _stage_history(tracker, child)
-    published = _for_readers("trajectory viewer", publish_viewer, config, run_id, parent_mlflow_id, index)
-    viewer = published["uri"] if published else None
-    _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
-    return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer,
-            **_budget_summary(config, done, start + done, played)}
+    with untagged_tasks():  # the tags stay on this flow run, off its task runs (flows/tagging.py)
+        logger = get_run_logger()
+        tracker = Tracker.from_config(config.tracking)
+        child = tracker.stage_run(parent_mlflow_id, run_id, index, horizon, iterations)
+        start = stage_start(config.stages, index)
+        links = prefect_tags()
+        tracker.set_tags(child, links)
+        tracker.describe(child, stage_description(run_id, index, horizon, iterations, start,
+                                                  links.get(TAG_FLOW_RUN_URL)))
+        every = config.tracking.checkpoint_every
+        redo = set(redo_steps or ())
+        k = config.rollout.async_steps
+        # (async) rollouts of the next iterations, oldest first: each plays after the one before it
+        # (one engine plays one rollout at a time), with the weights synced at its start
+        queued: deque[PrefectFuture] = deque()
+        played, done = env_steps_before, iterations
+        try:
+            for it in range(start_iteration, iterations):
+                if budget_spent(config, played):  # schedule.max_env_steps: the run ends here
+                    done = it
+                    break
+                gs = start + it
+                pos = position(config.stages, gs)
+                assert (pos.stage, pos.horizon, pos.iteration) == (index, horizon, it), pos
+                if queued:
+                    rollout = queued.popleft().result()
+                else:  # synchronous, and a stage's first iteration under async_steps
+                    rollout = collect_rollouts(config, run_id, index, it, gs, horizon)
+                # queue the rollouts up to k iterations ahead, never past the stage (its horizon)
+                for nxt in range(it + 1 + len(queued), min(it + k, iterations - 1) + 1):
+                    if queued:  # the sync waits for the rollout before it, in a worker thread
+                        synced = sync_policy.submit(config, run_id, index, nxt, start + nxt, wait_for=[queued[-1]],
+                                                     return_state=False)
+                        queued.append(collect_rollouts.submit(config, run_id, index, nxt, start + nxt, horizon,
+                                                              wait_for=[synced], return_state=False))
+                    else:  # no rollout plays: sync here, before this iteration's update takes the weights
+                        sync_policy(config, run_id, index, nxt, start + nxt)
+                        queued.append(collect_rollouts.submit(config, run_id, index, nxt, start + nxt, horizon))
+                adv = compute_advantages(config, run_id, index, it, gs)
+                upd = update_policy(config, run_id, index, it, gs, sync=not k)
+                metrics = {**iteration_metrics(rollout, adv, upd), "horizon": horizon}
+                metrics.update(headline(metrics))
+                played += metrics.get("env_steps", 0.0)
+                # lineage first (MLflow keeps one input per dataset digest); then the metrics, which a
+                # killed attempt may have logged past its checkpoint to one run or both
+                tracker.log_trajectory_commit(
+                    child, "episodes", index, it, TrajectoryStore.location(config.store.root, run_id, "episodes"),
+                    rollout["digest"], rollout["rows"], profile=rollout)
+                tracker.log_metrics_once([child, parent_mlflow_id], metrics, step=gs, again=gs in redo)
+                # ...and the evaluation it may have run before its checkpoint
+                if (config.tracking.eval_every and (gs + 1) % config.tracking.eval_every == 0
+                        and (gs in redo or gs + 1 not in tracker.logged_steps(parent_mlflow_id, "eval/seconds"))):
+                    if k:  # the engine must be free, then serve this update's weights
+                        _drain(queued)
+                        sync_policy(config, run_id, index, it + 1)
+                    evaluate_live_run(config, run_id, EvalSettings(k=config.tracking.eval_k),
+                                      EvalSink(mlflow_run_id=parent_mlflow_id, step=gs + 1))
+                logger.info("stage %d iter %d (step %d, horizon %d): reward %.3f success %.2f",
+                            index, it, gs, horizon, metrics["reward_mean"], metrics["success_rate"])
+                progress.report("iteration", stage=index, horizon=horizon, global_step=gs, metrics=metrics,
+                                env_steps=played)
+                if every and (gs + 1) % every == 0 and it != iterations - 1 and not budget_spent(config, played):
+                    save_checkpoint(config, run_id, child, index, gs + 1)
+            if done == start_iteration > 0:  # resumed at the checkpoint where the budget ran out: it ends the stage
+                checkpoint = tracker.run_checkpoint(child)
+            else:
+                checkpoint = save_checkpoint(config, run_id, child, index, start + done)
+            if k:  # the next stage starts on this stage's last update
+                sync_policy(config, run_id, index, iterations)
+        except BaseException:  # the stage run must not stay RUNNING in MLflow; a re-run reopens it
+            for pending in queued:  # rollouts still playing are waited for (each commit is kept or not)
+                pending.wait()
+            tracker.end_run(child, "FAILED")
+            raise
+        tracker.finish_stage(child)
+        history = _stage_history(tracker, child)
+        published = _for_readers("trajectory viewer", publish_viewer, config, run_id, parent_mlflow_id, index)
+        viewer = published["uri"] if published else None
+        _stage_artifact(tracker, run_id, index, horizon, child, history, viewer)
+        return {**_stage_summary(history, child, index, horizon, iterations, checkpoint), "viewer": viewer,
+                **_budget_summary(config, done, start + done, played)}
 
 
 def _drain(queued: deque[PrefectFuture]) -> None:

@@ -122,7 +122,7 @@ def test_lr_follows_the_schedule_in_mlflow(run):
 
 def test_prefect_records_flow_and_stage_subflows(run):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
     _, _, flow_run_id, _ = run
     with get_client(sync_client=True) as client:
@@ -136,6 +136,11 @@ def test_prefect_records_flow_and_stage_subflows(run):
         # each stage subflow is tagged with the pipeline run, its stage and its horizon
         assert sorted(sorted(r.tags) for r in subs) == [
             ["agentgym", "horizon:1", "run:flow-test", "stage:0"], ["agentgym", "horizon:3", "run:flow-test", "stage:1"]]
+        # ...and their task runs carry none: a tagged task run costs a server round trip for
+        # Prefect's tag concurrency check (flows/tagging.py)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in subs])))
+        assert {t.name.split("[")[0] for t in tasks} >= {"collect_rollouts", "compute_advantages", "update_policy"}
+        assert [t.name for t in tasks if t.tags] == []
 
 
 def test_stage_table_artifacts_link_their_mlflow_runs(run):
