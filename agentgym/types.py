@@ -113,11 +113,14 @@ class Episode:
         self.action_starts.append(len(self.input_ids))
         self.action_candidates.append([list(c) for c in candidates])
 
-    def validate(self) -> None:
+    def validate(self, tokens: bool = True) -> None:
+        """Raise ValueError naming the episode if it is inconsistent. ``tokens=False`` skips the
+        per-token check (a masked token's log-prob is 0), for a caller that runs it vectorised
+        over many episodes at once (the trajectory store's writer)."""
         n = len(self.input_ids)
         if not (len(self.loss_mask) == len(self.old_logprobs) == n):
             raise ValueError(f"episode {self.episode_id}: token columns differ in length")
-        if any(lp != 0.0 for lp, m in zip(self.old_logprobs, self.loss_mask) if m == 0):
+        if tokens and any(lp != 0.0 for lp, m in zip(self.old_logprobs, self.loss_mask) if m == 0):
             raise ValueError(f"episode {self.episode_id}: log-prob on a masked token")
         try:
             segment_bounds(n, self.context_starts)
