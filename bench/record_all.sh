@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-run the CPU benchmarks whose figures in bench/README.md have no committed record yet
+# Re-run the CPU benchmarks whose figures in bench/README.md come from this script's records
 # (issue 44 item 4), one at a time, each writing bench/results/<bench>-<TAG>-<variant>.json.
 #
 #   bash bench/record_all.sh TAG            # e.g. TAG=idle-2026-12-08; on an idle machine
@@ -42,6 +42,7 @@ JOBS=(
   "learning_test_spread|bench/learning_test_spread.py --seeds 12"
   "async_overlap|bench/async_overlap.py --latencies 0 300 --iterations 5 --horizon 4"
   "roofline:1t|bench/roofline.py --threads 1"
+  "kv_cache_decode|bench/kv_cache_decode.py"
 )
 
 failed=0
