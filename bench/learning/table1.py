@@ -486,6 +486,28 @@ def cell_stats(records: list[dict[str, Any]], env: str, row: str, label: str,
     return {"mean": mean, "lo": lo, "hi": hi, "tasks": len(tasks), "seeds": x.shape[0]}
 
 
+PAIRED_TITLE = "ScalingInter-RL minus fixed long (paired on tasks)"
+
+
+def paired_stats(records: list[dict[str, Any]], env: str, label: str) -> dict[str, Any] | None:
+    """The ScalingInter-RL row minus the fixed-long row of one column, with its 95 % bootstrap
+    interval paired on the held-out tasks (``bootstrap.paired_difference``: each draw resamples
+    the tasks once for both rows and each row's seeds on their own). None unless both rows exist
+    over the same tasks."""
+    import numpy as np
+    from bootstrap import paired_difference
+
+    a, b = cell_matrix(records, env, "scaling", label), cell_matrix(records, env, "long", label)
+    if a is None or b is None or a[0] != b[0]:
+        return None
+    diff, lo, hi = paired_difference(np.array(a[1], dtype=float), np.array(b[1], dtype=float))
+    return {"mean": diff, "lo": lo, "hi": hi, "seeds": min(len(a[1]), len(b[1]))}
+
+
+def _fmt_signed(s: dict[str, Any]) -> str:
+    return f"{s['mean']:+.3f} [{s['lo']:+.3f}, {s['hi']:+.3f}]"
+
+
 def _fmt(s: dict[str, Any] | None, digits: int = 3) -> str:
     if s is None:
         return "—"
@@ -523,6 +545,11 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
             else:
                 cells.append(_fmt(s) + (f" ({s['seeds']} seed{'s' if s['seeds'] > 1 else ''})" if s and row in RL_ROWS else ""))
         lines.append(f"| {ROW_TITLES[row]} | " + " | ".join(cells) + " |")
+    paired = []
+    for env, lab, _ in cols:  # the curriculum against the fixed long horizon, task by task
+        d = paired_stats(records, env, lab)
+        paired.append("—" if d is None else _fmt_signed(d) + f" ({d['seeds']} seed{'s' if d['seeds'] > 1 else ''})")
+    lines.append(f"| {PAIRED_TITLE} | " + " | ".join(paired) + " |")
     tasks = []
     for env, lab, _ in cols:
         got = next((m for m in (cell_matrix(records, env, row, lab) for row in ROWS) if m), None)

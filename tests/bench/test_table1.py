@@ -12,7 +12,7 @@ from agentgym.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "learning"))
 import table1  # noqa: E402
-from bootstrap import mean_interval  # noqa: E402
+from bootstrap import mean_interval, paired_difference  # noqa: E402
 
 
 def test_cell_ids_name_env_row_and_seed_and_refuse_what_is_not_a_cell():
@@ -136,6 +136,15 @@ def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_number
         == "= scaling (one stage)"
     assert row["random valid action (10 seeds)"][cols.index("mixed/textcraft")].startswith("0.250 [")
     assert row["held-out tasks"][babyai] == "32"
+    # the curriculum against the fixed long horizon, paired on tasks: (20 + 24) / 2 - (16 + 18) / 2
+    # of 32 tasks; only where both rows exist
+    d = table1.paired_stats(_synthetic(), "babyai", "babyai")
+    assert d["mean"] == pytest.approx(5 / 32) and d["lo"] <= d["mean"] <= d["hi"] and d["seeds"] == 2
+    x = lambda k: [float(t < k) for t in range(32)]  # noqa: E731
+    assert (d["mean"], d["lo"], d["hi"]) == pytest.approx(paired_difference(np.array([x(20), x(24)]),
+                                                                            np.array([x(16), x(18)])))
+    assert row[table1.PAIRED_TITLE][babyai] == f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] (2 seeds)"
+    assert row[table1.PAIRED_TITLE][cols.index("textcraft (textcraft.yaml)")] == "—"
     assert row["random valid action (10 seeds)"][cols.index("textworld_express (textworld_express.yaml)")] \
         .startswith("0.375 [")
     assert "sciworld score (0-100, mean final running score x 100): base SmolLM2-135M-Instruct: 25.0 [25.0, 25.0]" in text
