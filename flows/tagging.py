@@ -5,8 +5,9 @@ is where the UI and the API filter runs. Their task runs would inherit them from
 context, and Prefect's task engine checks every tagged task run against the server's tag
 concurrency limits: a server round trip per task run whenever its 5-second cache of "no limit
 for these tags" has expired, i.e. at every task of an iteration longer than that; with SmolLM2
-those waits were most of the pipeline's overhead (measured in bench/README.md, section 3). So the subflows run their bodies with the tags context emptied: the subflow run keeps
-its tags, its task runs have none (find them through their flow run).
+those waits were most of the pipeline's overhead (measured in bench/README.md, section 3). So
+the subflows run their bodies with the tags context emptied: the subflow run keeps its tags,
+its task runs have none (find them through their flow run).
 """
 
 from __future__ import annotations

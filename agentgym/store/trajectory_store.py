@@ -122,7 +122,6 @@ TURNS_LATER = ("The iteration's episodes are committed (their manifest holds thi
                 "a re-run with the same run id writes it.")
 
 
-
 def _check_token_columns(table: pa.Table, episodes: list[Episode]) -> None:
     """The per-token checks of a chunk's episodes, at once over its Arrow columns: every
     ``loss_mask`` value is 0 or 1, and every masked token has log-prob 0. (As Python loops per
@@ -140,6 +139,7 @@ def _check_token_columns(table: pa.Table, episodes: list[Episode]) -> None:
             raise ValueError(f"episode {ep.episode_id}: loss_mask values must be 0/1, got {bad[0]!r}")
         ep.validate()
     raise AssertionError("a token check failed on the table but on no episode")  # cannot happen
+
 
 class TrajectoryStore:
     """Parquet trajectory tables for one run under ``root`` (a local path or an fsspec URL)."""

@@ -508,6 +508,10 @@ def _fmt_signed(s: dict[str, Any]) -> str:
     return f"{s['mean']:+.3f} [{s['lo']:+.3f}, {s['hi']:+.3f}]"
 
 
+def _seeds(n: int) -> str:
+    return f" ({n} seed{'s' if n > 1 else ''})"
+
+
 def _fmt(s: dict[str, Any] | None, digits: int = 3) -> str:
     if s is None:
         return "—"
@@ -543,12 +547,12 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
             elif s is None and row in RL_ROWS and commands is not None:
                 cells.append("to run")
             else:
-                cells.append(_fmt(s) + (f" ({s['seeds']} seed{'s' if s['seeds'] > 1 else ''})" if s and row in RL_ROWS else ""))
+                cells.append(_fmt(s) + (_seeds(s["seeds"]) if s and row in RL_ROWS else ""))
         lines.append(f"| {ROW_TITLES[row]} | " + " | ".join(cells) + " |")
     paired = []
     for env, lab, _ in cols:  # the curriculum against the fixed long horizon, task by task
         d = paired_stats(records, env, lab)
-        paired.append("—" if d is None else _fmt_signed(d) + f" ({d['seeds']} seed{'s' if d['seeds'] > 1 else ''})")
+        paired.append("—" if d is None else _fmt_signed(d) + _seeds(d["seeds"]))
     lines.append(f"| {PAIRED_TITLE} | " + " | ".join(paired) + " |")
     tasks = []
     for env, lab, _ in cols:
