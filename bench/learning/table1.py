@@ -531,9 +531,10 @@ def budget_rows(records: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | None = None) -> str:
+def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | None = None,
+                    paper: bool = True) -> str:
     """The table (rows x columns, each cell mean [95 % interval] over held-out tasks and seeds), the
-    SciWorld score row, the budget check and the paper's numbers beside."""
+    SciWorld score row, the budget check and (``paper``) the paper's numbers beside."""
     cols = columns(records)
     lines = ["| policy | " + " | ".join(h for _, _, h in cols) + " |", "|---|" + "---|" * len(cols)]
     for row in ROWS:
@@ -570,6 +571,8 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
     if budget:
         lines += ["\n| env | seed | scaling env steps (budget) | long env steps | long / scaling | long iterations | "
                   "long run's length |", "|---|---:|---:|---:|---:|---:|---|", *budget]
+    if not paper:
+        return "\n".join(lines)
     lines += ["\nThe paper's Table 1 (Qwen2.5-7B-Instruct and ScalingInter-7B, 7B parameters; ours: "
               "SmolLM2-135M-Instruct, 135M, about 52x smaller; MiniWoB++ stands in for WebArena):\n",
               "| | " + " | ".join(f"{PAPER[e][0]} (ours: {e})" for e in PAPER) + " |",
@@ -579,9 +582,31 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
     return "\n".join(lines)
 
 
+REPORT_BEGIN = "<!-- table1 report: begin (written by `table1.py report --update`; edit the records, not this) -->"
+REPORT_END = "<!-- table1 report: end -->"
+
+
+def splice_report(doc: str, table: str) -> str:
+    """``doc`` with the text between its REPORT_BEGIN and REPORT_END lines replaced by ``table``.
+    Raises ValueError naming the missing marker, so a moved or deleted marker is never guessed at."""
+    for marker in (REPORT_BEGIN, REPORT_END):
+        if doc.count(marker) != 1:
+            raise ValueError(f"the document must hold the line {marker!r} exactly once "
+                             f"(found {doc.count(marker)}); put the two markers around the table")
+    head, rest = doc.split(REPORT_BEGIN)
+    _, tail = rest.split(REPORT_END)
+    return f"{head}{REPORT_BEGIN}\n{table}\n{REPORT_END}{tail}"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     records = load_records()
-    print(report_markdown(records, commands={}))
+    if args.update is None:
+        print(report_markdown(records, commands={}))
+        return 0
+    doc = args.update.read_text()
+    new = splice_report(doc, report_markdown(records, commands={}, paper=False))
+    args.update.write_text(new)
+    print(f"{_shown(args.update)}: table {'rewritten' if new != doc else 'unchanged'}")
     return 0
 
 
@@ -700,7 +725,10 @@ def main() -> int:
     pr.add_argument("--set", action="append", help="extra override, as agentgym train --set")
     pr.add_argument("--label", default=None,
                     help="suffix of the record's name (probes/<env>[-stageN]-<label>.json), e.g. for a --set variant")
-    sub.add_parser("report", help="the Markdown table from the committed records")
+    rp = sub.add_parser("report", help="the Markdown table from the committed records")
+    rp.add_argument("--update", type=Path, default=None, metavar="FILE",
+                    help="rewrite the table between FILE's table1 report markers (docs/results.md) "
+                         "instead of printing it (the paper's numbers are left out: the doc has its own)")
     cu = sub.add_parser("curves", help="each environment's RL cells as a figure, records/curves-<env>.png")
     cu.add_argument("--env", choices=sorted(COLUMNS), action="append", help="default: every environment with RL records")
     args = p.parse_args()

@@ -153,6 +153,19 @@ def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_number
     assert "96.67" in text and "66.67" in text and "135M" in text and "7B" in text and "WebArena" in text
 
 
+def test_report_update_rewrites_only_the_marked_table_and_refuses_a_missing_marker():
+    table = table1.report_markdown(_synthetic(), commands={}, paper=False)
+    assert "| policy |" in table and "96.67" not in table  # the doc keeps its own paper table
+    doc = f"# Results\n\nprose before\n{table1.REPORT_BEGIN}\n| old | table |\n{table1.REPORT_END}\nprose after\n"
+    new = table1.splice_report(doc, table)
+    assert new.startswith("# Results\n\nprose before\n") and new.endswith(f"{table1.REPORT_END}\nprose after\n")
+    assert "| old | table |" not in new and table in new
+    assert table1.splice_report(new, table) == new  # idempotent
+    for broken in (doc.replace(table1.REPORT_END, ""), doc + table1.REPORT_BEGIN):
+        with pytest.raises(ValueError, match="exactly once"):
+            table1.splice_report(broken, table)
+
+
 def test_per_task_results_come_from_the_pipelines_heldout_report():
     report = {"tasks": [
         {"env": "sciworld", "task_id": 29, "category": "boil", "n": 1, "successes": 0, "reward_mean": 0.35},
