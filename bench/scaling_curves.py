@@ -10,7 +10,8 @@ observation every turn), so every episode runs exactly H turns, then one GRPO up
 (``PolicyTrainer.train_on_batch``: ppo_epochs 1, one mini-batch, micro-batch 4, fp32) on those
 episodes (advantages +-1). ScalingInter-RL trains at short horizons first: the curves show what
 each turn of horizon costs. Writes ``bench/results/scaling_curves-<tag>.json`` (every point; committed)
-and ``.png`` beside it (git-ignored; bench/scaling_curves.png is the committed plot).
+and ``.png`` beside it (git-ignored). The committed plot, bench/scaling_curves.png, is drawn from a
+committed record: ``--plot-from bench/results/scaling_curves-<tag>.json --out bench/scaling_curves.png``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--obs-words", type=int, default=60)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: see bench/README.md)")
     ap.add_argument("--quick", action="store_true", help="batch 2, horizons 1 2 (smoke)")
+    ap.add_argument("--plot-from", default=None, metavar="RECORD",
+                    help="measure nothing: draw the plot of this committed record's points (to --out)")
+    ap.add_argument("--out", default="bench/scaling_curves.png", help="the plot --plot-from draws")
     ap.add_argument("--tag", default="", help="the record's name: bench/results/scaling_curves-<tag>.json "
                     "(default: the UTC time; --quick: smoke)")
     args = ap.parse_args()
@@ -43,6 +47,14 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def main() -> int:
+    if ARGS.plot_from:  # the committed plot, from the committed record's points
+        import json
+
+        with open(ARGS.plot_from) as f:
+            record = json.load(f)
+        _plot(record["repeats"], ARGS.out)
+        print(f"plot: {ARGS.out} (from {ARGS.plot_from}, {record['date']})")
+        return 0
     import torch
 
     import benchlib
