@@ -27,9 +27,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 F32_U = 2.0**-24
 #: Allowed gradient difference in units of round-off of the gradient's largest component. Changing
 #: the order of a sum of per-micro-batch contributions moves each component by a few such units
-#: (measured: at most 4 across the four aggregation modes and ZeRO 0-3, tiny model, 8 rows); a
-#: micro-batch weighted wrongly or dropped moves the gradient by about 1/8 of its scale, 10**5
-#: times more.
+#: (the four aggregation modes and ZeRO 0-3, tiny model, 8 rows; how many a run reaches is not
+#: recorded); a micro-batch weighted wrongly or dropped moves the gradient by about 1/8 of its
+#: scale, 10**5 times more.
 GRAD_ULPS = 16
 
 
@@ -87,8 +87,8 @@ def assert_step_is_adamw(record: dict) -> None:
     """The first AdamW step from zero moments with bias correction is
     ``p - lr * (wd * p + g / (|g| + eps))``: the recorded weights moved exactly so, to the
     round-off of torch's way of computing it (moments, bias corrections, sqrt, division and the
-    update: about six rounded operations on numbers of the size of ``|p| + lr``; measured up to 7
-    units of round-off, allowed 16)."""
+    update: about six rounded operations on numbers of the size of ``|p| + lr``; allowed 16
+    units of round-off)."""
     g, p = record["grad"], record["before"]
     want = p * (1 - record["lr"] * record["weight_decay"]) - record["lr"] * g / (g.abs() + record["eps"])
     tol = 16 * F32_U * (p.abs() + record["lr"])

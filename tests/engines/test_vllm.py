@@ -203,8 +203,8 @@ def test_update_weights_both_engines_agree_again(engines, hd32_path, monkeypatch
         h.update_weights(other.named_parameters())
         v.update_weights(other.named_parameters())
         assert len(trims) == (0 if v.inplace_update else 1)
-        # the old engine's tokenizer pool is gone (a vLLM lru_cache kept it: 38.5 MiB per
-        # re-creation with SmolLM2, docs/reliability.md)
+        # the old engine's tokenizer pool is gone (a vLLM lru_cache kept one per re-creation;
+        # docs/reliability.md, "Soak")
         assert _live_tokenizer_pools() == pools
         if world is not None:
             assert torch.distributed.group.WORLD is world

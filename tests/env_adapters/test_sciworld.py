@@ -354,7 +354,7 @@ def test_100_episodes_leak_no_jvm_and_no_memory():
     (one pooled JVM, reused); this process's RSS grows < 25 MB; the JVM's live heap after a
     full GC grows < 16 MB (a leak in the simulator would show here); the JVM's RSS grows
     < 64 MB and stays < 512 MB (it creeps while the heap expands lazily toward its -Xmx256m
-    cap: ~280 MB after 20 episodes, ~340-360 MB from about 50 on).
+    cap, hence the warm-up; its trajectory has no committed record).
     """
     tasks = [0, 30, 120, 1396, 1436, FIND_LIVING_0, 3536, 4136, LONGEST_LIVED_0, 4615]
     me = psutil.Process()

@@ -91,7 +91,7 @@ def test_a_full_prefect_database_fails_clearly_and_a_rerun_resumes(mlflow_dir, m
 
     template = _session_prefect_db()
     copied_mb = sum(p.stat().st_size for p in template.parent.glob("prefect.db*")) >> 20 if template else 0
-    with tmpfs(f"{64 + 2 * copied_mb}m") as disk:  # a fresh database takes ~5 MB
+    with tmpfs(f"{64 + 2 * copied_mb}m") as disk:  # 64 MB for a fresh database and the run, + twice the copied one
         home = disk / "prefect"
         db = home / "prefect.db"
         home.mkdir()

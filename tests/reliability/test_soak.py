@@ -5,8 +5,8 @@ Bounds, after a warm-up of 10 iterations (caches, allocator arenas, DeepSpeed bu
 pools are built during the first ones):
 * RSS grows less than 16 MiB over the last 10 iterations. A real leak of anything per-iteration
   sized shows: one iteration's episodes hold ~100 KB of ids and log-probs, an exported checkpoint
-  is ~0.7 MB, a copy of the weights 15 MB; the 200-iteration soak measured (docs/reliability.md)
-  is the long-run figure;
+  is ~0.7 MB, a copy of the weights 15 MB; the longer soaks in docs/reliability.md ("Soak") have
+  no committed record yet (``bench/soak.py --tag NAME`` writes ``bench/results/soak-NAME.json``);
 * open file descriptors, OS threads and child processes: no more at the end than at the warm-up;
 * files under the soak's own TMPDIR: none (checkpoint exports and store temp files all removed).
 """

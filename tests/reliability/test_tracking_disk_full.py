@@ -70,7 +70,7 @@ def test_a_full_tracking_database_fails_clearly_and_stays_readable(_mlflow_templ
 
 
 def test_a_full_model_cache_fails_clearly_and_leaves_nothing(tmp_path, mlflow_dir, tiny_path):
-    with tmpfs("400k") as disk:  # the tiny model's folder takes 660 KB
+    with tmpfs("400k") as disk:  # smaller than the tiny model's folder, so building it fills the disk
         cache = disk / "models"
         with pytest.raises(OSError) as exc:
             tiny_model_path(cache)
