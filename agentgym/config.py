@@ -125,8 +125,8 @@ class ModelConfig(_Strict):
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Weights dtype of the rollout engine. auto: bfloat16 where the hardware has "
-        "bf16 arithmetic (CUDA, or a CPU with AVX512-BF16 / AMX), else float32 (emulated bf16 is many "
-        "times slower than fp32 on a CPU without them; see agentgym/models/hardware.py)."
+        "bf16 arithmetic (CUDA, or a CPU with AVX512-BF16 / AMX), else float32 (emulated bf16 is slower "
+        "than fp32 on a CPU without them; see agentgym/models/hardware.py)."
     )
     cache_dir: str = Field(
         "~/.cache/agentgym/models", description="Where prepared models (tiny, smollm2) are cached."
@@ -637,14 +637,14 @@ class TrainerConfig(_Strict):
     )
     bf16: bool | Literal["auto"] = Field(
         "auto", description="Train in bf16 (DeepSpeed keeps fp32 master weights). auto: where the "
-        "hardware has bf16 arithmetic (see model.dtype); emulated bf16 makes forward + backward "
-        "many times slower than fp32 on a CPU without it.")
+        "hardware has bf16 arithmetic (see model.dtype); on a CPU without it bf16 is "
+        "emulated, slower than fp32.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     train_layers: int | None = Field(
         None, ge=1,
         description="Train only the top N decoder layers and the final norm (embeddings and lower "
         "layers frozen): the backward pass stops at layer N from the top, so an update costs less "
-        "per token (docs/results.md has the figures). None: train every weight. Not with lora.")
+        "per token (bench/README.md, section 4: SmolLM2's update with the top 8 and with all layers). None: train every weight. Not with lora.")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "constant",
         description="Learning rate after warmup: constant, or cosine decay to lr_min_ratio x lr at "

@@ -1,8 +1,8 @@
 """What the hardware does fast: decides ``dtype: auto`` and ``trainer.bf16: auto``.
 
 bf16 is only fast where the hardware has bf16 arithmetic: a CUDA GPU that supports it, or an x86
-CPU with AVX512-BF16 or AMX. Elsewhere PyTorch emulates it, and it is the slowest choice by far
-(docs/results.md, "What the compute costs here", has the figures).
+CPU with AVX512-BF16 or AMX. Elsewhere PyTorch emulates it, which is slower than fp32 (timed only
+ad hoc, so no figure is given: docs/results.md, "What the compute costs here").
 """
 
 from __future__ import annotations

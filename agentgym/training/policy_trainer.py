@@ -94,7 +94,7 @@ def lr_lambda(cfg: TrainerConfig):
 def freeze_below(model: PreTrainedModel, train_layers: int) -> None:
     """Train only the top ``train_layers`` decoder layers and the final norm: the embeddings
     (tied to the LM head in small models) and the layers below are frozen, so the backward pass
-    stops at the lowest trained layer (docs/results.md has the speed-up it buys on SmolLM2)."""
+    stops at the lowest trained layer (bench/README.md, section 4, has what it buys on SmolLM2)."""
     layers = model.get_decoder().layers
     if not 1 <= train_layers <= len(layers):
         raise ValueError(f"trainer.train_layers={train_layers}: the model has {len(layers)} decoder "

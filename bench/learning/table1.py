@@ -84,7 +84,9 @@ SCORED = {"sciworld": 100.0}
 #: it when its config took rollout.action_temperature 10 (probes/deepsearch-stage0-at10.json).
 NO_SIGNAL = {"sciworld": ("free text, horizon 8: 0 of 8 episodes, every action invalid, no update; its 417 "
                           "valid actions listed instead: 0 of 8 score, the replies wait, ask for the task or "
-                          "look around, probes/sciworld-stage0-listed.json", "probes/sciworld-stage0.json")}
+                          "look around, probes/sciworld-stage0-listed.json; and drawn near-uniformly from the "
+                          "list (action_temperature 10): 0 of 8 score, 5 episodes ended by focusing on a wrong "
+                          "object, probes/sciworld-stage0-listed-at10.json", "probes/sciworld-stage0.json")}
 #: the paper's Table 1 (arXiv 2509.08755), per our column: (ScalingInter-7B, Qwen2.5-7B-Instruct)
 PAPER = {"miniwob": ("WebArena", 26.00, 9.76), "deepsearch": ("Deep Search", 38.25, 18.75),
          "textcraft": ("TextCraft", 91.00, 42.00), "babyai": ("BabyAI", 96.67, 66.67),
