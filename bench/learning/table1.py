@@ -443,8 +443,39 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 # -- report ------------------------------------------------------------------------------------------
+def precision(machine: dict[str, Any] | None) -> str:
+    """What ``dtype: auto`` / ``trainer.bf16: auto`` resolved to on the machine a record names:
+    bf16 with AVX512-BF16 or AMX among its CPU flags (agentgym/models/hardware.py), else fp32;
+    "unknown" where the record keeps no flags."""
+    flags = (machine or {}).get("cpu_flags")
+    if flags is None:
+        return "unknown"
+    return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "fp32"
+
+
 def load_records(folder: Path = RECORDS) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text())["results"] for p in sorted(folder.glob("table1-*.json"))]
+    """Every cell's ``results``, with ``precision`` added from the record's machine."""
+    out = []
+    for p in sorted(folder.glob("table1-*.json")):
+        rec = json.loads(p.read_text())
+        out.append({**rec["results"], "precision": precision(rec.get("machine"))})
+    return out
+
+
+def precision_line(records: list[dict[str, Any]]) -> str | None:
+    """Which model cells (base and RL) ran in which precision, named where they are the minority:
+    the machines of one kind differ in CPU flags, so a table's runs may mix bf16 and fp32."""
+    model = [r for r in records if r["row"] != "random" and "precision" in r]
+    if not model:
+        return None
+    counts: dict[str, int] = {}
+    for r in model:
+        counts[r["precision"]] = counts.get(r["precision"], 0) + 1
+    usual = max(counts, key=lambda k: counts[k])
+    other = [f"{r['env']} {r['row']}" + (f" s{r['seed']}" if "seed" in r else "") + f" ({r['precision']})"
+             for r in model if r["precision"] != usual]
+    return (f"\nPrecision (`dtype: auto`, `trainer.bf16: auto`, from each record's CPU flags): {usual} for "
+            + ("every base and RL cell" if not other else "the base and RL cells but " + ", ".join(other)) + ".")
 
 
 def columns(records: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -574,6 +605,9 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
     if budget:
         lines += ["\n| env | seed | scaling env steps (budget) | long env steps | long / scaling | long iterations | "
                   "long run's length |", "|---|---:|---:|---:|---:|---:|---|", *budget]
+    prec = precision_line(records)
+    if prec:
+        lines.append(prec)
     if not paper:
         return "\n".join(lines)
     lines += ["\nThe paper's Table 1 (Qwen2.5-7B-Instruct and ScalingInter-7B, 7B parameters; ours: "

@@ -232,3 +232,14 @@ def test_every_committed_rl_record_has_its_training_curve():
             assert sum(r["steps_per_iteration"][:-1]) < r["max_env_steps"] <= sum(r["steps_per_iteration"]), r["cell"]
         else:
             assert len(r["steps_per_iteration"]) == sum(s["iterations"] for s in r["stages"]), r["cell"]
+
+
+def test_precision_follows_the_records_cpu_flags_and_the_report_names_the_minority():
+    assert table1.precision({"cpu_flags": ["avx2", "avx512f", "avx512_bf16", "fma"]}) == "bf16"
+    assert table1.precision({"cpu_flags": ["avx2", "fma"]}) == "fp32"
+    assert table1.precision({"cpu_flags": ["amx_bf16"]}) == "bf16"
+    assert table1.precision({}) == "unknown" and table1.precision(None) == "unknown"
+    recs = [{**r, "precision": "bf16"} for r in _synthetic()]
+    assert "bf16 for every base and RL cell" in table1.report_markdown(recs, commands={})
+    recs[[i for i, r in enumerate(recs) if r["row"] == "scaling"][1]]["precision"] = "fp32"
+    assert "bf16 for the base and RL cells but babyai scaling s1 (fp32)." in table1.report_markdown(recs, commands={})
