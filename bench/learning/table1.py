@@ -535,7 +535,7 @@ def paired_stats(records: list[dict[str, Any]], env: str, label: str) -> dict[st
     if a is None or b is None or a[0] != b[0]:
         return None
     diff, lo, hi = paired_difference(np.array(a[1], dtype=float), np.array(b[1], dtype=float))
-    return {"mean": diff, "lo": lo, "hi": hi, "seeds": min(len(a[1]), len(b[1]))}
+    return {"mean": diff, "lo": lo, "hi": hi, "seeds": (len(a[1]), len(b[1]))}
 
 
 def _fmt_signed(s: dict[str, Any]) -> str:
@@ -587,7 +587,11 @@ def report_markdown(records: list[dict[str, Any]], commands: dict[str, str] | No
     paired = []
     for env, lab, _ in cols:  # the curriculum against the fixed long horizon, task by task
         d = paired_stats(records, env, lab)
-        paired.append("—" if d is None else _fmt_signed(d) + _seeds(d["seeds"]))
+        if d is None:
+            paired.append("—")
+        else:  # each row's own seeds: the long row may have fewer finished than the scaling row
+            na, nb = d["seeds"]
+            paired.append(_fmt_signed(d) + (_seeds(na) if na == nb else f" ({na} and {nb} seeds)"))
     lines.append(f"| {PAIRED_TITLE} | " + " | ".join(paired) + " |")
     tasks = []
     for env, lab, _ in cols:

@@ -139,7 +139,7 @@ def test_the_report_lays_out_rows_columns_intervals_budget_and_the_papers_number
     # the curriculum against the fixed long horizon, paired on tasks: (20 + 24) / 2 - (16 + 18) / 2
     # of 32 tasks; only where both rows exist
     d = table1.paired_stats(_synthetic(), "babyai", "babyai")
-    assert d["mean"] == pytest.approx(5 / 32) and d["lo"] <= d["mean"] <= d["hi"] and d["seeds"] == 2
+    assert d["mean"] == pytest.approx(5 / 32) and d["lo"] <= d["mean"] <= d["hi"] and d["seeds"] == (2, 2)
     x = lambda k: [float(t < k) for t in range(32)]  # noqa: E731
     assert (d["mean"], d["lo"], d["hi"]) == pytest.approx(paired_difference(np.array([x(20), x(24)]),
                                                                             np.array([x(16), x(18)])))
@@ -243,3 +243,13 @@ def test_precision_follows_the_records_cpu_flags_and_the_report_names_the_minori
     assert "bf16 for every base and RL cell" in table1.report_markdown(recs, commands={})
     recs[[i for i, r in enumerate(recs) if r["row"] == "scaling"][1]]["precision"] = "fp32"
     assert "bf16 for the base and RL cells but babyai scaling s1 (fp32)." in table1.report_markdown(recs, commands={})
+
+
+def test_the_paired_row_names_both_rows_seed_counts_when_they_differ():
+    tasks = list(range(32))
+    recs = _synthetic() + [_record("babyai", "scaling", {"babyai": {"tasks": tasks, "success": [[1.0] * 32],
+                                                                    "reward": [[1.0] * 32]}}, seed=2)]
+    assert table1.paired_stats(recs, "babyai", "babyai")["seeds"] == (3, 2)
+    row = next(ln for ln in table1.report_markdown(recs, commands={}).splitlines()
+               if ln.startswith(f"| {table1.PAIRED_TITLE} |"))
+    assert "(3 and 2 seeds)" in row
