@@ -7,10 +7,17 @@ ad hoc, so no figure is given: docs/results.md, "What the compute costs here").
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_bf16(flags: Iterable[str]) -> bool:
+    """Whether a CPU with these ``/proc/cpuinfo`` flags computes bf16 natively (AVX512-BF16 or AMX);
+    also what a bench record's ``machine.cpu_flags`` says about the run it holds."""
+    return not set(_BF16_CPU_FLAGS).isdisjoint(flags)
 
 
 @lru_cache(maxsize=1)
@@ -28,7 +35,7 @@ def bf16_is_fast() -> bool:
                 break
     except OSError:
         return False
-    return any(f in flags for f in _BF16_CPU_FLAGS)
+    return cpu_has_bf16(flags)
 
 
 def resolve_dtype(dtype: str) -> str:

@@ -49,6 +49,7 @@ import math
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -445,12 +446,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
 # -- report ------------------------------------------------------------------------------------------
 def precision(machine: dict[str, Any] | None) -> str:
     """What ``dtype: auto`` / ``trainer.bf16: auto`` resolved to on the machine a record names:
-    bf16 with AVX512-BF16 or AMX among its CPU flags (agentgym/models/hardware.py), else fp32;
-    "unknown" where the record keeps no flags."""
+    bf16 where its CPU flags have bf16 instructions (``hardware.cpu_has_bf16``, the rule ``auto``
+    itself follows), else fp32; "unknown" where the record keeps no flags."""
+    from agentgym.models.hardware import cpu_has_bf16
+
     flags = (machine or {}).get("cpu_flags")
     if flags is None:
         return "unknown"
-    return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "fp32"
+    return "bf16" if cpu_has_bf16(flags) else "fp32"
 
 
 def load_records(folder: Path = RECORDS) -> list[dict[str, Any]]:
@@ -468,10 +471,7 @@ def precision_line(records: list[dict[str, Any]]) -> str | None:
     model = [r for r in records if r["row"] != "random" and "precision" in r]
     if not model:
         return None
-    counts: dict[str, int] = {}
-    for r in model:
-        counts[r["precision"]] = counts.get(r["precision"], 0) + 1
-    usual = max(counts, key=lambda k: counts[k])
+    usual = Counter(r["precision"] for r in model).most_common(1)[0][0]
     other = [f"{r['env']} {r['row']}" + (f" s{r['seed']}" if "seed" in r else "") + f" ({r['precision']})"
              for r in model if r["precision"] != usual]
     return (f"\nPrecision (`dtype: auto`, `trainer.bf16: auto`, from each record's CPU flags): {usual} for "
