@@ -1,6 +1,6 @@
 """The quickstart's held-out table over seeds, each seed a committed record.
 
-    .venv/bin/python bench/learning/quickstart_seeds.py run --seed 0      # ~7-10 min on the 2-core machine
+    .venv/bin/python bench/learning/quickstart_seeds.py run --seed 0      # its minutes: the record's wall_min
     .venv/bin/python bench/learning/quickstart_seeds.py run --seed 1      # and 2
     .venv/bin/python bench/learning/quickstart_seeds.py report            # the table, over the seeds recorded
 
