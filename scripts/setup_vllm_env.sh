@@ -54,6 +54,9 @@ if [[ "${FORCE:-0}" != 1 && -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_TEXT" ]]
   exit 0
 fi
 
+# written again last: while this runs, a half-installed env is never taken for a built one
+# (tests/agentgym/test_patches.py skips the vLLM env without its stamp)
+rm -f "$STAMP"
 if [[ ! -x "$VENV/bin/python" ]]; then
   echo "[setup_vllm_env] creating $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV"

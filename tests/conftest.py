@@ -43,6 +43,27 @@ SLOW_PARAMS = ("[sciworld]", "[miniwob]", "[mcp]", "[sciworld-", "[miniwob-", "[
                "-mcp]")
 
 
+#: modules that start Ray clusters (the session's two loopback nodes, or a command's embedded one):
+#: under pytest-xdist they run one after another on one worker (``ModuleScheduling``)
+RAY_MODULES = ("tests/cluster/",)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which may be absent
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n 2` (scripts/test.sh) hands out whole modules, so a module's fixtures (servers,
+    Prefect deployments) start once, and every Ray module to one worker, so two Ray clusters never
+    run at once. (pytest-xdist's own ``--dist loadgroup`` renames node ids, which pytest 9 no longer
+    allows, so its groups would silently be single tests.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return "ray" if path.startswith(RAY_MODULES) else path
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
