@@ -53,7 +53,10 @@ def pytest_xdist_make_scheduler(config, log):
     """`pytest -n 2` (scripts/test.sh) hands out whole modules, so a module's fixtures (servers,
     Prefect deployments) start once, and every Ray module to one worker, so two Ray clusters never
     run at once. (pytest-xdist's own ``--dist loadgroup`` renames node ids, which pytest 9 no longer
-    allows, so its groups would silently be single tests.)"""
+    allows, so its groups would silently be single tests.) Another ``--dist`` mode given on the
+    command line is left to pytest-xdist."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
