@@ -443,7 +443,8 @@ def _vllm_python() -> str:
         pytest.skip(str(exc))
     venv = Path(python).parent.parent
     if venv.name == ".venv-vllm" and not (venv / ".agentgym-vllm-stamp").exists():
-        # scripts/test.sh builds it beside the main suite and runs this test again once it is built
+        # a pytest run while scripts/setup_vllm_env.sh installs (scripts/test.sh itself runs this
+        # test only after its build)
         pytest.skip(f"{venv} is being built or its build failed: scripts/setup_vllm_env.sh writes "
                     ".agentgym-vllm-stamp last")
     return python
