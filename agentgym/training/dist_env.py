@@ -23,7 +23,8 @@ def init_single_process_dist() -> None:
     """DeepSpeed wants a process group even for one rank; set one up on loopback.
 
     A Ray rank actor (``agentgym.cluster.trainer_group``) sets MASTER_ADDR/PORT and the ranks;
-    alone, a free port is chosen for this process only: MASTER_PORT is removed again after the
+    alone, the group rendezvouses in memory (no socket listens), and a free port is named only
+    because DeepSpeed looks for MASTER_PORT before adopting the group: it is removed again after the
     group exists, or every child process (a Prefect worker's flow runs) would inherit the same
     port and fail to bind it. RANK/LOCAL_RANK/WORLD_SIZE stay: DeepSpeed reads LOCAL_RANK later.
     """
@@ -38,7 +39,14 @@ def init_single_process_dist() -> None:
     skip_shm_comm_build()
     try:
         if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+            backend = "gloo" if not torch.cuda.is_available() else "nccl"
+            if own_port:
+                # Alone, the rendezvous needs no socket: an in-memory store, which DeepSpeed adopts
+                # below. (env:// would start a TCPStore server, and it listens on every interface
+                # whatever MASTER_ADDR says.)
+                torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(),
+                                                     rank=0, world_size=1)
+            deepspeed.init_distributed(dist_backend=backend)
     finally:
         if own_port:
             os.environ.pop("MASTER_PORT", None)

@@ -5,6 +5,7 @@ intended effect. The vLLM patches run in the vLLM environment (a subprocess from
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import socket
@@ -466,3 +467,20 @@ def test_the_patches_package_imports_no_upstream():
              "'h11') if m in sys.modules]\nassert not heavy, heavy\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_lone_process_group_listens_on_no_outside_address():
+    """The one-rank group DeepSpeed needs opens no socket beyond loopback (env:// would start a
+    TCPStore server listening on every interface); in a child, so this process's group is not it."""
+    code = """
+import psutil, torch
+from agentgym.training.dist_env import init_single_process_dist
+init_single_process_dist()
+assert torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1
+t = torch.ones(2); torch.distributed.all_reduce(t); assert t.tolist() == [1.0, 1.0]
+print(sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    listening = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert all(ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for ip in listening), listening
